@@ -1,0 +1,199 @@
+"""The CustomResourceDefinition, generated from the pydantic models (`make generate` writes crds/).
+
+pydantic's JSON Schema is turned into a structural OpenAPI v3 schema the API server accepts: $refs
+inlined, Optional[X] as plain X (absence means unset), discriminated unions as one object with the
+union of the members' properties plus a CEL rule per member, no defaults (they are applied by the
+operator, never stored, so GitOps sees no drift).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .spec import GROUP, KIND, PLURAL, VERSION, QwenDeploymentSpec
+
+_DROP = {"title", "default", "discriminator", "$defs"}
+
+
+def _resolve(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_resolve(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _resolve(merged, defs)
+    return {k: _resolve(v, defs) for k, v in node.items() if k not in _DROP}
+
+
+def _structural(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_structural(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    if "anyOf" in node:  # Optional[X]: pydantic writes anyOf [X, null]
+        members = [m for m in node.pop("anyOf") if m.get("type") != "null"]
+        if len(members) == 1:
+            node = {**members[0], **node}
+    if "oneOf" in node:
+        node = _merge_union(node)
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    if node.get("x-kubernetes-preserve-unknown-fields") or node.get("x-kubernetes-int-or-string"):
+        node.pop("additionalProperties", None)
+        if node.get("x-kubernetes-int-or-string"):
+            node.pop("type", None)
+            node.pop("pattern", None)
+    if "properties" in node:
+        node.pop("additionalProperties", None)  # unknown fields are pruned / refused by the API server
+        node["type"] = "object"
+    out = {k: _structural(v) for k, v in node.items()}
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {k: _structural(v) for k, v in node["properties"].items()}
+    return out
+
+
+def _merge_union(node: dict[str, Any]) -> dict[str, Any]:
+    """A discriminated union as one object: all members' properties, CEL keeps members apart."""
+    members = node.pop("oneOf")
+    properties: dict[str, Any] = {}
+    rules = []
+    methods = []
+    for member in members:
+        method = member["properties"]["method"]["const"]
+        methods.append(method)
+        properties.update(member["properties"])
+        own = set(member["properties"])
+        foreign = sorted({p for m in members for p in m["properties"]} - own)
+        if foreign:
+            rules.append(
+                {
+                    "rule": f"self.method != '{method}' || !({' || '.join(f'has(self.{f})' for f in foreign)})",
+                    "message": f"method {method} accepts only: {', '.join(sorted(own))}",
+                }
+            )
+        for req in member.get("required", []):
+            if req != "method":
+                rules.append({"rule": f"self.method != '{method}' || has(self.{req})",
+                              "message": f"method {method} needs {req}"})
+    properties["method"] = {"type": "string", "enum": methods, "description": "Speculation method."}
+    return {**node, "type": "object", "properties": properties, "required": ["method"],
+            "x-kubernetes-validations": rules}
+
+
+def spec_schema() -> dict[str, Any]:
+    raw = QwenDeploymentSpec.model_json_schema(by_alias=True)
+    return _structural(_resolve(raw, raw.get("$defs", {})))  # type: ignore[no-any-return]
+
+
+def _condition_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["type", "status"],
+        "properties": {
+            "type": {"type": "string"},
+            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+            "reason": {"type": "string"},
+            "message": {"type": "string"},
+            "lastTransitionTime": {"type": "string", "format": "date-time"},
+            "observedGeneration": {"type": "integer", "format": "int64"},
+        },
+    }
+
+
+def status_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "Observed state, written by the operator.",
+        "properties": {
+            "observedGeneration": {"type": "integer", "format": "int64"},
+            "phase": {"type": "string", "description": "Ready, Progressing, Degraded or Invalid."},
+            "replicas": {"type": "integer", "description": "Engine pods that exist."},
+            "readyReplicas": {"type": "integer", "description": "Engine pods that are ready."},
+            "desiredReplicas": {"type": "integer", "description": "Replicas wanted (by spec or HPA)."},
+            "replicasSummary": {"type": "string", "description": "ready/desired, for kubectl get."},
+            "selector": {"type": "string", "description": "Label selector of the engine pods."},
+            "gpu": {"type": "string"},
+            "tensorParallelSize": {"type": "integer"},
+            "maxModelLen": {"type": "integer"},
+            "endpoint": {"type": "string", "description": "In-cluster URL of the OpenAI API."},
+            "rolloutStrategy": {"type": "string", "description": "Surge or InPlace, with the reason."},
+            "plan": {
+                "type": "object",
+                "description": "Capacity plan (see `qwen-operator plan`).",
+                "x-kubernetes-preserve-unknown-fields": True,
+            },
+            "conditions": {
+                "type": "array",
+                "items": _condition_schema(),
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+            },
+        },
+    }
+
+
+PRINTER_COLUMNS = [
+    {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+    {"name": "Replicas", "type": "string", "jsonPath": ".status.replicasSummary"},
+    {"name": "GPU", "type": "string", "jsonPath": ".status.gpu"},
+    {"name": "TP", "type": "integer", "jsonPath": ".status.tensorParallelSize"},
+    {"name": "Context", "type": "integer", "jsonPath": ".status.maxModelLen"},
+    {"name": "Reason", "type": "string", "priority": 1,
+     "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+    {"name": "Endpoint", "type": "string", "priority": 1, "jsonPath": ".status.endpoint"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def crd() -> dict[str, Any]:
+    """The QwenDeployment CRD manifest."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": KIND.lower(),
+                "shortNames": ["qwd"],
+                "categories": ["all", "qwenops"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "A Qwen3-32B serving deployment on vLLM.",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema(),
+                                "status": status_schema(),
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }

@@ -1,0 +1,62 @@
+"""One entry point for everything offline: parse, plan, check extraArgs, render the command line.
+
+The CLI (`plan`, `render`) and the operator call the same function, so a resource that passes
+`qwen-operator plan` in CI is exactly one the operator will accept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .catalog import GIB
+from .engine import check_extra_args, command_line
+from .plan import Plan, make_plan
+from .spec import QwenDeployment, parse
+
+
+@dataclass
+class Review:
+    """A parsed resource, its capacity plan and, when it fits, its engine command line."""
+
+    resource: QwenDeployment
+    plan: Plan
+    command: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return self.plan.fits
+
+    def plan_dict(self) -> dict[str, Any]:
+        """The plan as published in `status.plan` and printed by `qwen-operator plan -o json`."""
+        p = self.plan
+        return {
+            "fits": p.fits,
+            "model": p.model,
+            "gpu": p.gpu,
+            "tensorParallelSize": p.tensor_parallel_size,
+            "pipelineParallelSize": p.pipeline_parallel_size,
+            "gpusPerReplica": p.gpus_per_replica,
+            "quantization": p.quantization or "none",
+            "kvCacheDtype": p.kv_cache_dtype,
+            "weightsGiBPerGpu": round(p.weights_bytes_per_gpu / GIB, 2),
+            "kvCacheGiBPerGpu": round(p.kv_budget_bytes_per_gpu / GIB, 2),
+            "kvBytesPerToken": p.kv_bytes_per_token,
+            "kvTokensPerReplica": p.kv_tokens_per_replica,
+            "maxModelLen": p.max_model_len,
+            "maxConcurrentAtMaxModelLen": p.max_concurrent_at_max_model_len,
+            "yarnFactor": p.yarn.factor if p.yarn else None,
+            "engineArgs": self.command,
+            "warnings": [f"{path}: {msg}" for path, msg in p.warnings],
+            "errors": [f"{path}: {msg}" for path, msg in p.errors],
+        }
+
+
+def review(body: dict[str, Any]) -> Review:
+    """Parse and plan a QwenDeployment body; raises SpecError when it does not parse."""
+    resource = parse(body)
+    plan = make_plan(resource.spec)
+    for path, message in check_extra_args(resource.spec.engine.extra_args):
+        plan.error(path, message)
+    command = command_line(resource.spec, plan) if plan.fits else []
+    return Review(resource=resource, plan=plan, command=command)

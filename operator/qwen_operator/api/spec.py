@@ -1,0 +1,420 @@
+"""The QwenDeployment custom resource as pydantic models: the single source of the CRD schema.
+
+Fields are camelCase on the wire and unknown fields are rejected. Defaults are applied here, when the
+operator parses a resource, and never written back: the stored object stays as the user wrote it, so
+GitOps tools see no drift, and a new operator version can improve a default for everyone.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from .catalog import DEFAULT_ENGINE_IMAGE, GPUS, MAX_CONTEXT
+
+GROUP = "inference.qwenops.dev"
+VERSION = "v1alpha1"
+KIND = "QwenDeployment"
+PLURAL = "qwendeployments"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+GpuType = Literal[tuple(GPUS)]  # type: ignore[valid-type]
+Quantization = Literal["none", "fp8", "awq", "awq_marlin", "gptq", "gptq_marlin"]
+KubeObject = Annotated[dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})]
+Quantity = Annotated[
+    str,
+    Field(
+        pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$",
+        json_schema_extra={"x-kubernetes-int-or-string": True},
+    ),
+]
+DnsName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+
+
+class Model(BaseModel):
+    """Common settings: camelCase aliases, unknown fields rejected, assignment validated."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_assignment=True
+    )
+
+
+class SecretKeyRef(Model):
+    """A key of a Secret in the QwenDeployment's namespace."""
+
+    name: DnsName = Field(description="Name of the Secret.")
+    key: str = Field(default="token", min_length=1, description="Key in the Secret. Default `token`.")
+
+
+class ModelCache(Model):
+    """Where downloaded weights live between restarts."""
+
+    claim_name: DnsName | None = Field(
+        default=None,
+        description="Existing PersistentVolumeClaim (ReadWriteMany when replicas > 1) mounted as the "
+        "Hugging Face cache. Unset: an emptyDir, so every new pod downloads the weights again.",
+    )
+    size_limit: Quantity | None = Field(
+        default=None, description="sizeLimit of the emptyDir cache. Default: the weights plus 20%."
+    )
+
+
+class ModelSource(Model):
+    """Which checkpoint to serve and where its weights come from."""
+
+    name: str = Field(
+        min_length=1,
+        description="Hugging Face id of the checkpoint: Qwen/Qwen3-32B, Qwen/Qwen3-32B-FP8 or "
+        "Qwen/Qwen3-32B-AWQ.",
+    )
+    revision: str | None = Field(default=None, min_length=1, description="Git revision (tag or commit) to pin.")
+    served_model_name: str | None = Field(
+        default=None, min_length=1, description="Model name clients send. Default: `name`."
+    )
+    hf_token_secret: SecretKeyRef | None = Field(
+        default=None, description="Secret holding a Hugging Face token (env HF_TOKEN) for gated downloads."
+    )
+    cache: ModelCache = Field(default_factory=ModelCache, description="Model cache volume.")
+    offline: bool = Field(
+        default=False, description="Serve only from the cache (HF_HUB_OFFLINE=1); needs a prefilled claim."
+    )
+
+
+class GpuPool(Model):
+    """The GPU node pool the engine pods run on."""
+
+    type: GpuType = Field(description="GPU type; sets memory for the plan and the default node selection.")
+    gpus_per_node: int = Field(
+        default=8, ge=1, le=16, description="GPUs on one node of the pool; a replica never spans nodes."
+    )
+    node_selector: dict[str, str] | None = Field(
+        default=None,
+        description="Replaces the default selection (nvidia.com/gpu.product in the GPU type's usual values).",
+    )
+    affinity: KubeObject | None = Field(default=None, description="Pod affinity; replaces the default.")
+    tolerations: list[KubeObject] | None = Field(
+        default=None, description="Replaces the default toleration of the nvidia.com/gpu taint."
+    )
+    resource_name: str = Field(default="nvidia.com/gpu", description="Extended resource name of the GPU.")
+
+
+class Parallelism(Model):
+    """Model parallelism of one replica; GPUs per replica = tensor x pipeline."""
+
+    tensor: int = Field(default=2, ge=1, le=16, description="Tensor parallel size. Must divide 64 and 8 heads.")
+    pipeline: int = Field(default=1, ge=1, le=8, description="Pipeline parallel size.")
+
+
+class NgramSpeculation(Model):
+    """Prompt-lookup (n-gram) speculative decoding: no draft model, helps on repetitive outputs."""
+
+    method: Literal["ngram"]
+    num_speculative_tokens: int = Field(default=4, ge=1, le=16, description="Tokens proposed per step.")
+    prompt_lookup_max: int = Field(default=4, ge=1, le=16, description="Longest n-gram matched.")
+    prompt_lookup_min: int = Field(default=2, ge=1, le=16, description="Shortest n-gram matched.")
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> NgramSpeculation:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError("promptLookupMin must not exceed promptLookupMax")
+        return self
+
+
+class DraftModelSpeculation(Model):
+    """A small draft model proposes tokens the target model verifies."""
+
+    method: Literal["draft_model"]
+    model: str = Field(min_length=1, description="Draft checkpoint, e.g. Qwen/Qwen3-0.6B (same tokenizer).")
+    num_speculative_tokens: int = Field(default=4, ge=1, le=16, description="Tokens proposed per step.")
+
+
+class Eagle3Speculation(Model):
+    """EAGLE-3 draft head trained for the target model."""
+
+    method: Literal["eagle3"]
+    model: str = Field(min_length=1, description="EAGLE-3 head checkpoint for Qwen3-32B.")
+    num_speculative_tokens: int = Field(default=3, ge=1, le=16, description="Tokens proposed per step.")
+
+
+Speculative = Annotated[
+    NgramSpeculation | DraftModelSpeculation | Eagle3Speculation, Field(discriminator="method")
+]
+
+
+class Reasoning(Model):
+    """Qwen3 thinking mode: the reasoning parser splits <think> content into `reasoning_content`."""
+
+    enabled: bool = Field(default=True, description="Pass --reasoning-parser.")
+    parser: str = Field(default="qwen3", min_length=1, description="vLLM reasoning parser name.")
+
+
+class ToolCalling(Model):
+    """OpenAI-style tool calls parsed from Qwen3's Hermes-format output."""
+
+    enabled: bool = Field(default=True, description="Pass --enable-auto-tool-choice and --tool-call-parser.")
+    parser: str = Field(default="hermes", min_length=1, description="vLLM tool-call parser name.")
+
+
+class Resources(Model):
+    """CPU and memory of the engine container (GPUs always come from parallelism)."""
+
+    cpu: Quantity = Field(default="8", description="CPU request (no CPU limit: throttling hurts latency).")
+    memory: Quantity = Field(default="64Gi", description="Memory request and limit.")
+    shm_size: Quantity = Field(default="16Gi", description="Size of the memory-backed /dev/shm (NCCL).")
+
+
+class Probes(Model):
+    """Overrides of the probe budgets the operator sizes from the model."""
+
+    startup_seconds: int | None = Field(
+        default=None, ge=60, le=14_400, description="Time allowed to load and warm up. Default: from weights."
+    )
+
+
+class Engine(Model):
+    """vLLM engine settings. Each maps to one flag of the pinned vLLM version."""
+
+    image: str | None = Field(
+        default=None, min_length=1, description=f"Engine image. Default `{DEFAULT_ENGINE_IMAGE}`."
+    )
+    max_model_len: int = Field(
+        default=32_768, ge=256, description=f"Context length; above 32768 enables YaRN (at most {MAX_CONTEXT})."
+    )
+    max_num_seqs: int = Field(default=256, ge=1, le=4096, description="Requests batched at once per replica.")
+    max_num_batched_tokens: int = Field(
+        default=8192, ge=64, description="Token budget of one scheduler step (small: lower ITL, large: TTFT)."
+    )
+    enable_chunked_prefill: bool = Field(default=True, description="Split long prompts across steps.")
+    enable_prefix_caching: bool = Field(default=True, description="Reuse KV blocks of shared prompt prefixes.")
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0.1, le=0.98, description="Share of each GPU's memory vLLM may use."
+    )
+    quantization: Quantization | None = Field(
+        default=None, description="Serving quantization. Default: the checkpoint's own (none for bf16)."
+    )
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        default="auto", description="KV cache element type; fp8 halves KV bytes per token."
+    )
+    speculative: Speculative | None = Field(default=None, description="Speculative decoding.")
+    reasoning: Reasoning = Field(default_factory=Reasoning, description="Qwen3 reasoning parser.")
+    tool_calling: ToolCalling = Field(default_factory=ToolCalling, description="Tool-call parsing.")
+    api_key_secret: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret with the key the engine requires (env VLLM_API_KEY); the gateway sends it.",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="Further vLLM flags, checked against the pinned vLLM parser; flags the operator owns "
+        "or that have a field here are refused.",
+    )
+    env: list[KubeObject] = Field(default_factory=list, description="Extra container env entries.")
+    resources: Resources = Field(default_factory=Resources, description="CPU and memory.")
+    probes: Probes = Field(default_factory=Probes, description="Probe budget overrides.")
+    termination_grace_period_seconds: int = Field(
+        default=120, ge=0, le=3600, description="Time for in-flight requests to finish on shutdown."
+    )
+    priority_class_name: str | None = Field(default=None, description="PriorityClass of engine pods.")
+
+
+class ScalingBehavior(Model):
+    """HPA behaviour: how fast to add and remove replicas."""
+
+    scale_up_stabilization_seconds: int = Field(default=0, ge=0, le=3600, description="Scale-up window.")
+    scale_down_stabilization_seconds: int = Field(default=300, ge=0, le=3600, description="Scale-down window.")
+    scale_up_pods: int = Field(default=2, ge=1, le=100, description="Pods added per minute at most.")
+    scale_down_pods: int = Field(default=1, ge=1, le=100, description="Pods removed per minute at most.")
+
+
+class Autoscaling(Model):
+    """Queue-depth autoscaling on vllm:num_requests_waiting per engine pod."""
+
+    min_replicas: int = Field(default=1, ge=1, le=1000, description="Fewest replicas.")
+    max_replicas: int = Field(ge=1, le=1000, description="Most replicas.")
+    target_queue_depth: int = Field(
+        default=5, ge=1, le=10_000, description="Average waiting requests per pod the HPA aims for."
+    )
+    driver: Literal["hpa", "keda"] = Field(
+        default="hpa",
+        description="hpa: autoscaling/v2 on the custom metric (needs a custom metrics adapter); "
+        "keda: a ScaledObject with a Prometheus trigger.",
+    )
+    prometheus_address: str | None = Field(
+        default=None, description="Prometheus URL for the KEDA trigger (driver keda)."
+    )
+    behavior: ScalingBehavior = Field(default_factory=ScalingBehavior, description="Scaling speed.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"minReplicas ({self.min_replicas}) exceeds maxReplicas ({self.max_replicas})")
+        if self.driver == "keda" and not self.prometheus_address:
+            raise ValueError("driver keda needs prometheusAddress")
+        return self
+
+
+class RateLimit(Model):
+    """Per-API-key request rate limit (nginx limit_req)."""
+
+    requests_per_minute: int = Field(default=600, ge=1, le=1_000_000, description="Sustained rate per key.")
+    burst: int = Field(default=50, ge=0, le=100_000, description="Requests above the rate allowed at once.")
+
+
+class GatewayService(Model):
+    """The client-facing Service."""
+
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(default="ClusterIP", description="Type.")
+    port: int = Field(default=80, ge=1, le=65535, description="Service port.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations (e.g. cloud LB).")
+
+
+class Ingress(Model):
+    """An optional Ingress in front of the gateway Service."""
+
+    host: str = Field(min_length=1, description="Host name.")
+    class_name: str | None = Field(default=None, description="IngressClass.")
+    tls_secret_name: str | None = Field(default=None, description="TLS Secret for the host.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations.")
+
+
+class HttpRoute(Model):
+    """An optional Gateway API HTTPRoute to the gateway Service."""
+
+    parent_refs: list[KubeObject] = Field(min_length=1, description="Gateways the route attaches to.")
+    hostnames: list[str] = Field(default_factory=list, description="Host names.")
+
+
+class Gateway(Model):
+    """The OpenAI-compatible endpoint in front of the engine replicas: nginx (keys, limits) + vllm-router."""
+
+    enabled: bool = Field(default=True, description="Deploy the gateway; off exposes only the engine Service.")
+    replicas: int = Field(default=2, ge=1, le=100, description="Gateway pods.")
+    policy: Literal[
+        "cache_aware", "round_robin", "random", "power_of_two", "consistent_hash", "kv_aware"
+    ] = Field(default="cache_aware", description="vllm-router routing policy; cache_aware is load- and prefix-aware.")
+    api_keys_secret: str | None = Field(
+        default=None,
+        description="Secret whose every key is an API key id and value a key. Unset: no auth (not advised).",
+    )
+    rate_limit: RateLimit = Field(default_factory=RateLimit, description="Per-key rate limit.")
+    max_concurrent_requests: int = Field(default=512, ge=1, description="Requests proxied at once, all keys.")
+    queue_size: int = Field(default=256, ge=0, description="Requests waiting for a slot before 503s.")
+    queue_timeout_seconds: int = Field(default=30, ge=1, description="Longest wait for a slot.")
+    request_timeout_seconds: int = Field(default=600, ge=1, description="Longest request, streaming included.")
+    connect_timeout_seconds: int = Field(default=5, ge=1, le=60, description="Connect timeout to an engine.")
+    image: str | None = Field(default=None, description="Gateway image (nginx + vllm-router).")
+    service: GatewayService = Field(default_factory=GatewayService, description="Client-facing Service.")
+    ingress: Ingress | None = Field(default=None, description="Optional Ingress.")
+    http_route: HttpRoute | None = Field(default=None, description="Optional Gateway API HTTPRoute.")
+
+
+class Monitoring(Model):
+    """Prometheus Operator objects. Skipped (condition MonitoringReady=False) when their CRDs are absent."""
+
+    service_monitor: bool = Field(default=True, description="ServiceMonitor for engines and gateway.")
+    prometheus_rule: bool = Field(default=False, description="PrometheusRule with the alert rules.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels for Prometheus selectors.")
+    interval: str = Field(default="15s", pattern=r"^[0-9]+(ms|s|m)$", description="Scrape interval.")
+
+
+class QwenDeploymentSpec(Model):
+    """Desired state of one Qwen3 serving deployment."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.replicas) && has(self.autoscaling))",
+                    "message": "set either replicas or autoscaling, not both",
+                    "fieldPath": ".replicas",
+                },
+                {
+                    "rule": "!has(self.autoscaling) || !has(self.autoscaling.minReplicas) || "
+                    "self.autoscaling.minReplicas <= self.autoscaling.maxReplicas",
+                    "message": "autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
+                    "fieldPath": ".autoscaling.minReplicas",
+                },
+            ]
+        }
+    )
+
+    model: ModelSource = Field(description="Checkpoint and weight source.")
+    gpu: GpuPool = Field(description="GPU node pool.")
+    parallelism: Parallelism = Field(default_factory=Parallelism, description="Parallelism per replica.")
+    engine: Engine = Field(default_factory=Engine, description="vLLM engine settings.")
+    replicas: int | None = Field(default=None, ge=0, le=1000, description="Fixed replicas (default 1).")
+    autoscaling: Autoscaling | None = Field(default=None, description="Queue-depth autoscaling.")
+    gateway: Gateway = Field(default_factory=Gateway, description="Client-facing gateway.")
+    monitoring: Monitoring = Field(default_factory=Monitoring, description="Prometheus integration.")
+
+    @model_validator(mode="after")
+    def _replicas_xor_autoscaling(self) -> QwenDeploymentSpec:
+        if self.replicas is not None and self.autoscaling is not None:
+            raise ValueError("set either replicas or autoscaling, not both")
+        return self
+
+    @property
+    def effective_replicas(self) -> int:
+        return 1 if self.replicas is None else self.replicas
+
+
+class ObjectMeta(BaseModel):
+    """The parts of metadata the operator reads."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(min_length=1, max_length=42, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    namespace: str = "default"
+    uid: str | None = None
+    generation: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class QwenDeployment(BaseModel):
+    """A parsed QwenDeployment: metadata plus typed spec."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: Literal["inference.qwenops.dev/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["QwenDeployment"]
+    metadata: ObjectMeta
+    spec: QwenDeploymentSpec
+
+
+class SpecError(ValueError):
+    """Invalid input, as a list of (field path, message) pairs."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("; ".join(f"{path}: {msg}" for path, msg in problems))
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """`('spec', 'engine', 'extraArgs', 2)` -> `spec.engine.extraArgs[2]`; drops union tags."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("ngram", "draft_model", "eagle3") or part.startswith("function-"):
+            continue
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+def parse(body: dict[str, Any]) -> QwenDeployment:
+    """Parse a whole resource; raise SpecError naming each bad field."""
+    try:
+        return QwenDeployment.model_validate(body)
+    except ValidationError as exc:
+        raise SpecError([(field_path(e["loc"]) or "(root)", _message(e)) for e in exc.errors()]) from None
+
+
+def _message(error: Any) -> str:
+    if error["type"] == "extra_forbidden":
+        return "unknown field"
+    if error["type"] == "missing":
+        return "required field is missing"
+    msg = str(error["msg"])
+    return msg.removeprefix("Value error, ")

@@ -1,0 +1,162 @@
+"""`qwen-operator`: run the operator, or plan and render QwenDeployments offline (reviews, GitOps, CI).
+
+Exit codes: 0 valid and fits; 1 invalid or does not fit (each error on stderr as `path: reason`);
+2 usage errors (unreadable file, not a QwenDeployment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from .api.crd import crd
+from .api.review import Review, review
+from .api.spec import KIND, SpecError
+from .manifests import build_all
+
+EXIT_INVALID = 1
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Input that is not a QwenDeployment at all."""
+
+
+def _documents(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    stream: TextIO
+    try:
+        stream = sys.stdin if path == "-" else Path(path).open(encoding="utf-8")  # noqa: SIM115
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror}") from None
+    with stream:
+        try:
+            docs = [d for d in yaml.safe_load_all(stream) if d is not None]
+        except yaml.YAMLError as exc:
+            raise UsageError(f"{path}: not valid YAML: {exc}") from None
+    found = False
+    for i, doc in enumerate(docs):
+        if isinstance(doc, dict) and doc.get("kind") == KIND:
+            found = True
+            name = (doc.get("metadata") or {}).get("name", f"document {i}")
+            yield f"{path}: {KIND} {name}", doc
+    if not found:
+        raise UsageError(f"{path}: no {KIND} in the file")
+
+
+def _review_all(path: str) -> tuple[list[Review], list[str]]:
+    reviews, errors = [], []
+    for label, doc in _documents(path):
+        try:
+            r = review(doc)
+        except SpecError as exc:
+            errors += [f"{label}: {p}: {m}" for p, m in exc.problems]
+            continue
+        errors += [f"{label}: {p}: {m}" for p, m in r.plan.errors]
+        reviews.append(r)
+    return reviews, errors
+
+
+def _table(r: Review) -> str:
+    d = r.plan_dict()
+    q = r.resource
+    rows = [
+        ("Resource", f"{q.metadata.namespace}/{q.metadata.name}"),
+        ("Fits", "yes" if d["fits"] else "NO"),
+        ("Model", f"{d['model']} ({d['quantization']}, KV {d['kvCacheDtype']})"),
+        ("GPU", f"{d['gpu']} x {d['gpusPerReplica']} per replica (TP {d['tensorParallelSize']}, "
+                f"PP {d['pipelineParallelSize']})"),
+        ("Weights per GPU", f"{d['weightsGiBPerGpu']} GiB"),
+        ("KV cache per GPU", f"{d['kvCacheGiBPerGpu']} GiB"),
+        ("KV bytes per token", f"{d['kvBytesPerToken']:,}"),
+        ("KV tokens per replica", f"{d['kvTokensPerReplica']:,}"),
+        ("Context (maxModelLen)", f"{d['maxModelLen']:,}" + (f" (YaRN x{d['yarnFactor']:g})" if d["yarnFactor"]
+                                                             else "")),
+        ("Full-context requests at once", str(d["maxConcurrentAtMaxModelLen"])),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    lines += [f"warning: {w}" for w in d["warnings"]]
+    if r.command:
+        lines.append("Engine: " + " ".join(_quote(a) for a in r.command))
+    return "\n".join(lines)
+
+
+def _quote(arg: str) -> str:
+    return f"'{arg}'" if any(c in arg for c in " {}\"") else arg
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    reviews, errors = _review_all(args.file)
+    if args.output == "json":
+        plans = [r.plan_dict() for r in reviews]
+        json.dump(plans[0] if len(plans) == 1 else plans, sys.stdout, indent=2)
+        print()
+    else:
+        print("\n\n".join(_table(r) for r in reviews))
+    for e in errors:
+        print(f"error: {e}", file=sys.stderr)
+    return EXIT_INVALID if errors else 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    reviews, errors = _review_all(args.file)
+    if errors:
+        for e in errors:
+            print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    objects = [obj for r in reviews for obj in build_all(r)]
+    yaml.safe_dump_all(objects, sys.stdout, sort_keys=False)
+    return 0
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    yaml.safe_dump(crd(), sys.stdout, sort_keys=False)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .handlers import run  # kopf is imported only when the operator runs
+
+    return run(namespaces=args.namespace, all_namespaces=args.all_namespaces, metrics_port=args.metrics_port,
+               standalone=args.standalone)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="qwen-operator", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = p.add_subparsers(dest="command", required=True)
+    plan = sub.add_parser("plan", help="print the capacity plan; exit 1 when invalid or it does not fit")
+    plan.add_argument("-f", "--file", required=True, help="QwenDeployment YAML ('-' for stdin)")
+    plan.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    plan.set_defaults(func=cmd_plan)
+    render = sub.add_parser("render", help="print every object the operator would create, as YAML")
+    render.add_argument("-f", "--file", required=True, help="QwenDeployment YAML ('-' for stdin)")
+    render.set_defaults(func=cmd_render)
+    crd_cmd = sub.add_parser("crd", help="print the QwenDeployment CustomResourceDefinition")
+    crd_cmd.set_defaults(func=cmd_crd)
+    run = sub.add_parser("run", help="run the operator")
+    scope = run.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[], help="watch this namespace (repeat)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces (default)")
+    run.add_argument("--metrics-port", type=int, default=8080, help="port of /metrics and /healthz")
+    run.add_argument("--standalone", action="store_true", help="no peering (one operator per scope)")
+    run.set_defaults(func=cmd_run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""The vLLM engine Deployment and its headless Service."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..api.catalog import DEFAULT_ENGINE_IMAGE, GPUS
+from ..api.engine import ENGINE_MODULE, ENGINE_PORT, engine_args
+from ..api.review import Review
+from . import names
+from .meta import metadata
+
+MODEL_CACHE_PATH = "/models"
+HEALTH_PATH = "/health"
+STARTUP_PROBE_PERIOD = 10
+#: Start-up budget: fixed time for the image, CUDA graphs and warm-up, plus time per GB of weights to
+#: download (about 100 MB/s) and load; a slow registry or disk should not kill a pod mid-load.
+STARTUP_BASE_SECONDS = 600
+STARTUP_SECONDS_PER_GB = 10
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """How the engine Deployment replaces pods; chosen from the free GPUs in the pool."""
+
+    mode: str  # "Surge" or "InPlace"
+    reason: str
+
+    @staticmethod
+    def choose(free_gpus: int | None, gpus_per_replica: int) -> Rollout:
+        if free_gpus is None:
+            return Rollout("InPlace", "free GPUs in the pool unknown: replacing pods one at a time")
+        if free_gpus >= gpus_per_replica:
+            return Rollout("Surge", f"{free_gpus} free GPUs in the pool fit a surge replica "
+                                    f"({gpus_per_replica} GPUs)")
+        return Rollout("InPlace", f"{free_gpus} free GPUs in the pool, a surge replica needs "
+                                  f"{gpus_per_replica}: replacing pods one at a time")
+
+    def strategy(self) -> dict[str, Any]:
+        surge, unavailable = (1, 0) if self.mode == "Surge" else (0, 1)
+        return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": surge, "maxUnavailable": unavailable}}
+
+
+def startup_seconds(review: Review) -> int:
+    override = review.resource.spec.engine.probes.startup_seconds
+    if override:
+        return override
+    weights_gb = review.plan.weights_bytes_per_gpu * review.plan.gpus_per_replica / 1e9
+    return STARTUP_BASE_SECONDS + math.ceil(weights_gb * STARTUP_SECONDS_PER_GB)
+
+
+def _scheduling(review: Review) -> dict[str, Any]:
+    gpu = review.resource.spec.gpu
+    out: dict[str, Any] = {
+        "tolerations": gpu.tolerations
+        if gpu.tolerations is not None
+        else [{"key": gpu.resource_name, "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    if gpu.node_selector is not None:
+        out["nodeSelector"] = gpu.node_selector
+    if gpu.affinity is not None:
+        out["affinity"] = gpu.affinity
+    elif gpu.node_selector is None:
+        term = {"key": "nvidia.com/gpu.product", "operator": "In", "values": list(GPUS[gpu.type].product_labels)}
+        out["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [term]}]}
+            }
+        }
+    return out
+
+
+def _env(review: Review) -> list[dict[str, Any]]:
+    spec = review.resource.spec
+    env: list[dict[str, Any]] = [
+        {"name": "HF_HOME", "value": MODEL_CACHE_PATH},
+        {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+        {"name": "DO_NOT_TRACK", "value": "1"},
+    ]
+    if spec.model.offline:
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+    if spec.model.hf_token_secret:
+        ref = spec.model.hf_token_secret
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    if spec.engine.api_key_secret:
+        ref = spec.engine.api_key_secret
+        env.append({"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    return env + list(spec.engine.env)
+
+
+def _volumes(review: Review) -> list[dict[str, Any]]:
+    spec = review.resource.spec
+    cache = spec.model.cache
+    if cache.claim_name:
+        model_volume: dict[str, Any] = {"persistentVolumeClaim": {"claimName": cache.claim_name}}
+    else:
+        weights_gib = math.ceil(review.plan.weights_bytes_per_gpu * review.plan.gpus_per_replica * 1.2 / 2**30)
+        model_volume = {"emptyDir": {"sizeLimit": cache.size_limit or f"{weights_gib}Gi"}}
+    return [
+        {"name": "model-cache", **model_volume},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.engine.resources.shm_size}},
+    ]
+
+
+def _container(review: Review) -> dict[str, Any]:
+    spec = review.resource.spec
+    e = spec.engine
+    gpus = review.plan.gpus_per_replica
+    startup = startup_seconds(review)
+    probe = {"httpGet": {"path": HEALTH_PATH, "port": "http"}}
+    return {
+        "name": "vllm",
+        "image": e.image or DEFAULT_ENGINE_IMAGE,
+        "command": list(ENGINE_MODULE),
+        "args": engine_args(spec, review.plan),
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "env": _env(review),
+        "resources": {
+            "requests": {"cpu": e.resources.cpu, "memory": e.resources.memory, spec.gpu.resource_name: str(gpus)},
+            "limits": {"memory": e.resources.memory, spec.gpu.resource_name: str(gpus)},
+        },
+        "volumeMounts": [
+            {"name": "model-cache", "mountPath": MODEL_CACHE_PATH},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+        "startupProbe": {
+            **probe,
+            "periodSeconds": STARTUP_PROBE_PERIOD,
+            "failureThreshold": math.ceil(startup / STARTUP_PROBE_PERIOD),
+            "timeoutSeconds": 5,
+        },
+        "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5},
+        "livenessProbe": {**probe, "periodSeconds": 15, "failureThreshold": 6, "timeoutSeconds": 10},
+        # Leave the gateway time to stop routing here before vLLM starts refusing requests.
+        "lifecycle": {"preStop": {"sleep": {"seconds": 10}}},
+    }
+
+
+def build_engine_deployment(review: Review, rollout: Rollout) -> dict[str, Any]:
+    qd = review.resource
+    spec = qd.spec
+    pod_spec: dict[str, Any] = {
+        "containers": [_container(review)],
+        "volumes": _volumes(review),
+        "terminationGracePeriodSeconds": spec.engine.termination_grace_period_seconds,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        **_scheduling(review),
+    }
+    if spec.engine.priority_class_name:
+        pod_spec["priorityClassName"] = spec.engine.priority_class_name
+    body: dict[str, Any] = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(qd, names.engine(qd), "engine"),
+        "spec": {
+            "selector": {"matchLabels": names.selector(qd, "engine")},
+            "strategy": rollout.strategy(),
+            # A 32B model takes minutes to become ready; do not call the rollout stuck before that.
+            "progressDeadlineSeconds": startup_seconds(review) + 600,
+            "template": {
+                "metadata": {"labels": names.labels(qd, "engine")},
+                "spec": pod_spec,
+            },
+        },
+    }
+    if spec.autoscaling is None:  # with autoscaling the HPA owns replicas: never write the field
+        body["spec"]["replicas"] = spec.effective_replicas
+    return body
+
+
+def build_engine_service(review: Review) -> dict[str, Any]:
+    """Headless Service: per-pod DNS for discovery, and the scrape target for engine metrics."""
+    qd = review.resource
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(qd, names.engine(qd), "engine"),
+        "spec": {
+            "clusterIP": "None",
+            "selector": names.selector(qd, "engine"),
+            "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }

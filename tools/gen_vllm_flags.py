@@ -1,0 +1,29 @@
+"""Writes the flag table of the pinned vLLM's OpenAI server parser, for offline extraArgs checks.
+
+Run with the Python of the vLLM environment (tools/vllm-env.sh):
+    python tools/gen_vllm_flags.py > operator/qwen_operator/api/vllm_flags.json
+"""
+
+import argparse
+import json
+
+import vllm
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+
+def main() -> None:
+    parser = make_arg_parser(FlexibleArgumentParser())
+    flags: dict[str, bool] = {}
+    for action in parser._actions:
+        takes_value = not isinstance(
+            action, argparse._StoreTrueAction | argparse._StoreFalseAction | argparse.BooleanOptionalAction
+        ) and action.nargs != 0
+        for option in action.option_strings:
+            if option.startswith("--") or len(option) == 2:
+                flags[option] = takes_value
+    print(json.dumps({"vllm": vllm.__version__, "flags": dict(sorted(flags.items()))}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

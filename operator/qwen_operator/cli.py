@@ -18,7 +18,6 @@ import yaml
 from .api.crd import crd
 from .api.review import Review, review
 from .api.spec import KIND, SpecError
-from .manifests import build_all
 
 EXIT_INVALID = 1
 EXIT_USAGE = 2
@@ -69,14 +68,19 @@ def _table(r: Review) -> str:
         ("Resource", f"{q.metadata.namespace}/{q.metadata.name}"),
         ("Fits", "yes" if d["fits"] else "NO"),
         ("Model", f"{d['model']} ({d['quantization']}, KV {d['kvCacheDtype']})"),
-        ("GPU", f"{d['gpu']} x {d['gpusPerReplica']} per replica (TP {d['tensorParallelSize']}, "
-                f"PP {d['pipelineParallelSize']})"),
+        (
+            "GPU",
+            f"{d['gpu']} x {d['gpusPerReplica']} per replica (TP {d['tensorParallelSize']}, "
+            f"PP {d['pipelineParallelSize']})",
+        ),
         ("Weights per GPU", f"{d['weightsGiBPerGpu']} GiB"),
         ("KV cache per GPU", f"{d['kvCacheGiBPerGpu']} GiB"),
         ("KV bytes per token", f"{d['kvBytesPerToken']:,}"),
         ("KV tokens per replica", f"{d['kvTokensPerReplica']:,}"),
-        ("Context (maxModelLen)", f"{d['maxModelLen']:,}" + (f" (YaRN x{d['yarnFactor']:g})" if d["yarnFactor"]
-                                                             else "")),
+        (
+            "Context (maxModelLen)",
+            f"{d['maxModelLen']:,}" + (f" (YaRN x{d['yarnFactor']:g})" if d["yarnFactor"] else ""),
+        ),
         ("Full-context requests at once", str(d["maxConcurrentAtMaxModelLen"])),
     ]
     width = max(len(k) for k, _ in rows)
@@ -88,7 +92,7 @@ def _table(r: Review) -> str:
 
 
 def _quote(arg: str) -> str:
-    return f"'{arg}'" if any(c in arg for c in " {}\"") else arg
+    return f"'{arg}'" if any(c in arg for c in ' {}"') else arg
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -110,6 +114,8 @@ def cmd_render(args: argparse.Namespace) -> int:
         for e in errors:
             print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
+    from .manifests import build_all  # the builders are not needed by plan and crd
+
     objects = [obj for r in reviews for obj in build_all(r)]
     yaml.safe_dump_all(objects, sys.stdout, sort_keys=False)
     return 0
@@ -123,12 +129,18 @@ def cmd_crd(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from .handlers import run  # kopf is imported only when the operator runs
 
-    return run(namespaces=args.namespace, all_namespaces=args.all_namespaces, metrics_port=args.metrics_port,
-               standalone=args.standalone)
+    return run(
+        namespaces=args.namespace,
+        all_namespaces=args.all_namespaces,
+        metrics_port=args.metrics_port,
+        standalone=args.standalone,
+    )
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="qwen-operator", description=__doc__.splitlines()[0] if __doc__ else None)
+    p = argparse.ArgumentParser(
+        prog="qwen-operator", description=__doc__.splitlines()[0] if __doc__ else None
+    )
     sub = p.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="print the capacity plan; exit 1 when invalid or it does not fit")
     plan.add_argument("-f", "--file", required=True, help="QwenDeployment YAML ('-' for stdin)")

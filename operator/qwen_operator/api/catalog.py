@@ -55,14 +55,26 @@ MODELS: dict[str, ModelInfo] = {
     m.name: m
     for m in (
         # 32.76e9 parameters in bf16.
-        ModelInfo(name="Qwen/Qwen3-32B", weight_bytes=65_530_000_000, checkpoint_quantization=None,
-                  **_QWEN3_32B_ARCH),  # type: ignore[arg-type]
+        ModelInfo(
+            name="Qwen/Qwen3-32B",
+            weight_bytes=65_530_000_000,
+            checkpoint_quantization=None,
+            **_QWEN3_32B_ARCH,
+        ),  # type: ignore[arg-type]
         # Linear layers in FP8 (block scales), embeddings and lm_head kept in bf16.
-        ModelInfo(name="Qwen/Qwen3-32B-FP8", weight_bytes=34_350_000_000, checkpoint_quantization="fp8",
-                  **_QWEN3_32B_ARCH),  # type: ignore[arg-type]
+        ModelInfo(
+            name="Qwen/Qwen3-32B-FP8",
+            weight_bytes=34_350_000_000,
+            checkpoint_quantization="fp8",
+            **_QWEN3_32B_ARCH,
+        ),  # type: ignore[arg-type]
         # 4-bit AWQ, group size 128, embeddings and lm_head in fp16.
-        ModelInfo(name="Qwen/Qwen3-32B-AWQ", weight_bytes=19_340_000_000, checkpoint_quantization="awq",
-                  **_QWEN3_32B_ARCH),  # type: ignore[arg-type]
+        ModelInfo(
+            name="Qwen/Qwen3-32B-AWQ",
+            weight_bytes=19_340_000_000,
+            checkpoint_quantization="awq",
+            **_QWEN3_32B_ARCH,
+        ),  # type: ignore[arg-type]
     )
 }
 
@@ -102,10 +114,12 @@ GPUS: dict[str, GpuInfo] = {
         GpuInfo("A10-24GB", 23_028 * MIB, False, "Ampere", ("NVIDIA-A10",)),
         GpuInfo("L4-24GB", 23_034 * MIB, True, "Ada", ("NVIDIA-L4",)),
         GpuInfo("L40S-48GB", 46_068 * MIB, True, "Ada", ("NVIDIA-L40S",)),
-        GpuInfo("A100-40GB", 40_960 * MIB, False, "Ampere",
-                ("NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB")),
-        GpuInfo("A100-80GB", 81_920 * MIB, False, "Ampere",
-                ("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe")),
+        GpuInfo(
+            "A100-40GB", 40_960 * MIB, False, "Ampere", ("NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB")
+        ),
+        GpuInfo(
+            "A100-80GB", 81_920 * MIB, False, "Ampere", ("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe")
+        ),
         GpuInfo("H100-80GB", 81_559 * MIB, True, "Hopper", ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe")),
         GpuInfo("H200-141GB", 143_771 * MIB, True, "Hopper", ("NVIDIA-H200",)),
     )

@@ -41,6 +41,9 @@ def _structural(node: Any) -> Any:
         node = _merge_union(node)
     if "const" in node:
         node["enum"] = [node.pop("const")]
+    for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(node.get(exclusive), int | float) and not isinstance(node[exclusive], bool):
+            node[bound], node[exclusive] = node[exclusive], True  # OpenAPI v3.0 form
     if node.get("x-kubernetes-preserve-unknown-fields") or node.get("x-kubernetes-int-or-string"):
         node.pop("additionalProperties", None)
         if node.get("x-kubernetes-int-or-string"):
@@ -65,22 +68,34 @@ def _merge_union(node: dict[str, Any]) -> dict[str, Any]:
         method = member["properties"]["method"]["const"]
         methods.append(method)
         properties.update(member["properties"])
+        for own_rule in member.get("x-kubernetes-validations", []):  # a member's rules hold for it only
+            rules.append({**own_rule, "rule": f"self.method != '{method}' || ({own_rule['rule']})"})
         own = set(member["properties"])
         foreign = sorted({p for m in members for p in m["properties"]} - own)
         if foreign:
+            present = " || ".join(f"has(self.{f})" for f in foreign)
             rules.append(
                 {
-                    "rule": f"self.method != '{method}' || !({' || '.join(f'has(self.{f})' for f in foreign)})",
+                    "rule": f"self.method != '{method}' || !({present})",
                     "message": f"method {method} accepts only: {', '.join(sorted(own))}",
                 }
             )
         for req in member.get("required", []):
             if req != "method":
-                rules.append({"rule": f"self.method != '{method}' || has(self.{req})",
-                              "message": f"method {method} needs {req}"})
+                rules.append(
+                    {
+                        "rule": f"self.method != '{method}' || has(self.{req})",
+                        "message": f"method {method} needs {req}",
+                    }
+                )
     properties["method"] = {"type": "string", "enum": methods, "description": "Speculation method."}
-    return {**node, "type": "object", "properties": properties, "required": ["method"],
-            "x-kubernetes-validations": rules}
+    return {
+        **node,
+        "type": "object",
+        "properties": properties,
+        "required": ["method"],
+        "x-kubernetes-validations": rules,
+    }
 
 
 def spec_schema() -> dict[str, Any]:
@@ -141,8 +156,12 @@ PRINTER_COLUMNS = [
     {"name": "GPU", "type": "string", "jsonPath": ".status.gpu"},
     {"name": "TP", "type": "integer", "jsonPath": ".status.tensorParallelSize"},
     {"name": "Context", "type": "integer", "jsonPath": ".status.maxModelLen"},
-    {"name": "Reason", "type": "string", "priority": 1,
-     "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+    {
+        "name": "Reason",
+        "type": "string",
+        "priority": 1,
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+    },
     {"name": "Endpoint", "type": "string", "priority": 1, "jsonPath": ".status.endpoint"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -42,16 +42,28 @@ OWNED_FLAGS: dict[str, str] = {
     "--enable-prefix-caching": "spec.engine.enablePrefixCaching",
     "--no-enable-prefix-caching": "spec.engine.enablePrefixCaching",
     "--gpu-memory-utilization": "spec.engine.gpuMemoryUtilization",
+    "--device-memory-utilization": "spec.engine.gpuMemoryUtilization",
     "--quantization": "spec.engine.quantization",
     "-q": "spec.engine.quantization",
     "--kv-cache-dtype": "spec.engine.kvCacheDtype",
     "--speculative-config": "spec.engine.speculative",
     "-sc": "spec.engine.speculative",
+    "--spec-method": "spec.engine.speculative",
+    "--spec-model": "spec.engine.speculative",
+    "--spec-tokens": "spec.engine.speculative",
     "--hf-overrides": "spec.engine.maxModelLen (YaRN)",
     "--reasoning-parser": "spec.engine.reasoning",
     "--enable-auto-tool-choice": "spec.engine.toolCalling",
+    "--no-enable-auto-tool-choice": "spec.engine.toolCalling",
     "--tool-call-parser": "spec.engine.toolCalling",
     "--download-dir": "spec.model.cache",
+}
+
+#: Flags refused in extraArgs for another reason than a field owning them.
+REFUSED_FLAGS: dict[str, str] = {
+    "--config": "a config file could set the flags the operator owns; put the flags themselves in extraArgs",
+    "--help": "prints the help and exits",
+    "-h": "prints the help and exits",
 }
 
 
@@ -63,35 +75,61 @@ def vllm_flags() -> dict[str, bool]:
 
 
 def check_extra_args(args: list[str]) -> list[tuple[str, str]]:
-    """Problems with extraArgs as (field path, message) pairs."""
+    """Problems with extraArgs as (field path, message) pairs.
+
+    Reads the arguments the way vLLM's FlexibleArgumentParser does: `--a_b` is `--a-b`, `--flag=value`,
+    `--json-flag.key value` sets one key of a JSON flag, `-O3` is `--optimization-level 3`.
+    """
     problems = []
     known = vllm_flags()
-    expect_value = False
+    pending: str | None = None  # a flag still waiting for its value
+    after_unknown = False  # the previous argument is an unknown flag: a value may follow (no second error)
     for i, arg in enumerate(args):
         path = f"spec.engine.extraArgs[{i}]"
         if not arg.startswith("-") or _is_number(arg):
-            if not expect_value:
+            if pending is None and not after_unknown:
                 problems.append((path, f"{arg!r} is not a flag and follows no flag that takes a value"))
-            expect_value = False
+            pending, after_unknown = None, False
             continue
-        flag, has_inline_value = _flag_name(arg)
+        if pending is not None:
+            problems.append((f"spec.engine.extraArgs[{i - 1}]", f"{pending} needs a value"))
+        flag, inline_value, dotted = _flag_name(arg)
+        takes_value = known.get(flag, False) or dotted
         if flag in OWNED_FLAGS:
             problems.append((path, f"{flag} is set by the operator from {OWNED_FLAGS[flag]}; use that field"))
+        elif flag in REFUSED_FLAGS:
+            problems.append((path, f"{flag} is refused: {REFUSED_FLAGS[flag]}"))
         elif flag not in known:
             hint = _closest(flag, known)
-            problems.append((path, f"{flag} is not a flag of vLLM {_version()}" + (f" (did you mean {hint}?)"
-                                                                                  if hint else "")))
-        expect_value = known.get(flag, False) and not has_inline_value
-    if expect_value:
-        problems.append((f"spec.engine.extraArgs[{len(args) - 1}]", f"{args[-1]} needs a value"))
+            problems.append(
+                (
+                    path,
+                    f"{flag} is not a flag of vLLM {_version()}"
+                    + (f" (did you mean {hint}?)" if hint else ""),
+                )
+            )
+        elif dotted and not known[flag]:
+            problems.append((path, f"{flag} takes no value, so it has no keys to set"))
+        elif inline_value and not takes_value:
+            problems.append((path, f"{flag} takes no value (write {flag} or its --no- form)"))
+        pending = arg if takes_value and not inline_value and flag in known else None
+        after_unknown = flag not in known and not inline_value
+    if pending is not None:
+        problems.append((f"spec.engine.extraArgs[{len(args) - 1}]", f"{pending} needs a value"))
     return problems
 
 
-def _flag_name(arg: str) -> tuple[str, bool]:
+def _flag_name(arg: str) -> tuple[str, bool, bool]:
+    """(canonical flag, has an inline `=value`, is a dotted `--flag.key`) of one argument."""
+    if arg.startswith("-O") and not arg.startswith("--") and arg != "-O":
+        return "--optimization-level", True, False  # -O3, -O=3
+    if arg == "-O":
+        return "--optimization-level", False, False
     name, eq, _ = arg.partition("=")
+    name, dot, _ = name.partition(".")
     if name.startswith("--"):
         name = "--" + name[2:].replace("_", "-")
-    return name, bool(eq)
+    return name, bool(eq), bool(dot)
 
 
 def _is_number(arg: str) -> bool:
@@ -149,14 +187,17 @@ def engine_args(spec: QwenDeploymentSpec, plan: Plan) -> list[str]:
 
 def _yarn_overrides(plan: Plan) -> dict[str, Any]:
     assert plan.yarn
+    original = plan.yarn.original_max_position_embeddings
     return {
         "rope_parameters": {
             "rope_type": "yarn",
             "factor": plan.yarn.factor,
-            "original_max_position_embeddings": plan.yarn.original_max_position_embeddings,
+            "original_max_position_embeddings": original,
             "rope_theta": QWEN3_ROPE_THETA,
         },
-        "max_position_embeddings": plan.max_model_len,
+        # vLLM 0.32 takes a YaRN model's max_position_embeddings as already scaled (it is also its
+        # limit for --max-model-len), and transformers checks it equals factor x original.
+        "max_position_embeddings": int(plan.yarn.factor * original),
     }
 
 

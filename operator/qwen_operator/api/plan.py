@@ -73,7 +73,8 @@ class Plan:
 
 
 def gib(n: float) -> str:
-    return f"{n / GIB:.1f} GiB"
+    # Two decimals: one hides real differences (36.01 GiB needed would read as the 36.0 GiB available).
+    return f"{n / GIB:.2f} GiB"
 
 
 def make_plan(spec: QwenDeploymentSpec) -> Plan:

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 from .catalog import DEFAULT_ENGINE_IMAGE, GPUS, MAX_CONTEXT
 
@@ -22,7 +23,9 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 GpuType = Literal[tuple(GPUS)]  # type: ignore[valid-type]
 Quantization = Literal["none", "fp8", "awq", "awq_marlin", "gptq", "gptq_marlin"]
-KubeObject = Annotated[dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})]
+KubeObject = Annotated[
+    dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+]
 Quantity = Annotated[
     str,
     Field(
@@ -34,11 +37,20 @@ DnsName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]
 
 
 class Model(BaseModel):
-    """Common settings: camelCase aliases, unknown fields rejected, assignment validated."""
+    """Common settings: camelCase only (as in the CRD), unknown fields rejected, assignment validated."""
 
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_assignment=True
+        alias_generator=to_camel,
+        validate_by_alias=True,
+        validate_by_name=False,  # snake_case would pass here but be pruned or refused by the API server
+        extra="forbid",
+        validate_assignment=True,
     )
+
+
+def field_error(field: str, message: str) -> PydanticCustomError:
+    """An error of a cross-field rule, reported at `field` (camelCase) below the model it is raised in."""
+    return PydanticCustomError("field_rule", "{message}", {"field": field, "message": message})
 
 
 class SecretKeyRef(Model):
@@ -69,7 +81,9 @@ class ModelSource(Model):
         description="Hugging Face id of the checkpoint: Qwen/Qwen3-32B, Qwen/Qwen3-32B-FP8 or "
         "Qwen/Qwen3-32B-AWQ.",
     )
-    revision: str | None = Field(default=None, min_length=1, description="Git revision (tag or commit) to pin.")
+    revision: str | None = Field(
+        default=None, min_length=1, description="Git revision (tag or commit) to pin."
+    )
     served_model_name: str | None = Field(
         default=None, min_length=1, description="Model name clients send. Default: `name`."
     )
@@ -103,22 +117,43 @@ class GpuPool(Model):
 class Parallelism(Model):
     """Model parallelism of one replica; GPUs per replica = tensor x pipeline."""
 
-    tensor: int = Field(default=2, ge=1, le=16, description="Tensor parallel size. Must divide 64 and 8 heads.")
+    tensor: int = Field(
+        default=2, ge=1, le=16, description="Tensor parallel size. Must divide 64 and 8 heads."
+    )
     pipeline: int = Field(default=1, ge=1, le=8, description="Pipeline parallel size.")
+
+
+_LOOKUP_MAX, _LOOKUP_MIN = 4, 2
 
 
 class NgramSpeculation(Model):
     """Prompt-lookup (n-gram) speculative decoding: no draft model, helps on repetitive outputs."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {  # defaults are not stored, so the rule restates them
+                    "rule": f"(has(self.promptLookupMin) ? self.promptLookupMin : {_LOOKUP_MIN}) <= "
+                    f"(has(self.promptLookupMax) ? self.promptLookupMax : {_LOOKUP_MAX})",
+                    "message": "promptLookupMin must not exceed promptLookupMax",
+                    "fieldPath": ".promptLookupMin",
+                }
+            ]
+        }
+    )
+
     method: Literal["ngram"]
     num_speculative_tokens: int = Field(default=4, ge=1, le=16, description="Tokens proposed per step.")
-    prompt_lookup_max: int = Field(default=4, ge=1, le=16, description="Longest n-gram matched.")
-    prompt_lookup_min: int = Field(default=2, ge=1, le=16, description="Shortest n-gram matched.")
+    prompt_lookup_max: int = Field(default=_LOOKUP_MAX, ge=1, le=16, description="Longest n-gram matched.")
+    prompt_lookup_min: int = Field(default=_LOOKUP_MIN, ge=1, le=16, description="Shortest n-gram matched.")
 
     @model_validator(mode="after")
     def _min_le_max(self) -> NgramSpeculation:
         if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise ValueError("promptLookupMin must not exceed promptLookupMax")
+            raise field_error(
+                "promptLookupMin",
+                f"{self.prompt_lookup_min} exceeds promptLookupMax ({self.prompt_lookup_max})",
+            )
         return self
 
 
@@ -180,14 +215,18 @@ class Engine(Model):
         default=None, min_length=1, description=f"Engine image. Default `{DEFAULT_ENGINE_IMAGE}`."
     )
     max_model_len: int = Field(
-        default=32_768, ge=256, description=f"Context length; above 32768 enables YaRN (at most {MAX_CONTEXT})."
+        default=32_768,
+        ge=256,
+        description=f"Context length; above 32768 enables YaRN (at most {MAX_CONTEXT}).",
     )
     max_num_seqs: int = Field(default=256, ge=1, le=4096, description="Requests batched at once per replica.")
     max_num_batched_tokens: int = Field(
         default=8192, ge=64, description="Token budget of one scheduler step (small: lower ITL, large: TTFT)."
     )
     enable_chunked_prefill: bool = Field(default=True, description="Split long prompts across steps.")
-    enable_prefix_caching: bool = Field(default=True, description="Reuse KV blocks of shared prompt prefixes.")
+    enable_prefix_caching: bool = Field(
+        default=True, description="Reuse KV blocks of shared prompt prefixes."
+    )
     gpu_memory_utilization: float = Field(
         default=0.9, gt=0.1, le=0.98, description="Share of each GPU's memory vLLM may use."
     )
@@ -222,13 +261,27 @@ class ScalingBehavior(Model):
     """HPA behaviour: how fast to add and remove replicas."""
 
     scale_up_stabilization_seconds: int = Field(default=0, ge=0, le=3600, description="Scale-up window.")
-    scale_down_stabilization_seconds: int = Field(default=300, ge=0, le=3600, description="Scale-down window.")
+    scale_down_stabilization_seconds: int = Field(
+        default=300, ge=0, le=3600, description="Scale-down window."
+    )
     scale_up_pods: int = Field(default=2, ge=1, le=100, description="Pods added per minute at most.")
     scale_down_pods: int = Field(default=1, ge=1, le=100, description="Pods removed per minute at most.")
 
 
 class Autoscaling(Model):
     """Queue-depth autoscaling on vllm:num_requests_waiting per engine pod."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.driver) || self.driver != 'keda' || has(self.prometheusAddress)",
+                    "message": "driver keda needs prometheusAddress",
+                    "fieldPath": ".prometheusAddress",
+                }
+            ]
+        }
+    )
 
     min_replicas: int = Field(default=1, ge=1, le=1000, description="Fewest replicas.")
     max_replicas: int = Field(ge=1, le=1000, description="Most replicas.")
@@ -248,9 +301,9 @@ class Autoscaling(Model):
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:
         if self.min_replicas > self.max_replicas:
-            raise ValueError(f"minReplicas ({self.min_replicas}) exceeds maxReplicas ({self.max_replicas})")
+            raise field_error("minReplicas", f"{self.min_replicas} exceeds maxReplicas ({self.max_replicas})")
         if self.driver == "keda" and not self.prometheus_address:
-            raise ValueError("driver keda needs prometheusAddress")
+            raise field_error("prometheusAddress", "driver keda needs prometheusAddress (the Prometheus URL)")
         return self
 
 
@@ -288,11 +341,16 @@ class HttpRoute(Model):
 class Gateway(Model):
     """The OpenAI-compatible endpoint in front of the engine replicas: nginx (keys, limits) + vllm-router."""
 
-    enabled: bool = Field(default=True, description="Deploy the gateway; off exposes only the engine Service.")
+    enabled: bool = Field(
+        default=True, description="Deploy the gateway; off exposes only the engine Service."
+    )
     replicas: int = Field(default=2, ge=1, le=100, description="Gateway pods.")
-    policy: Literal[
-        "cache_aware", "round_robin", "random", "power_of_two", "consistent_hash", "kv_aware"
-    ] = Field(default="cache_aware", description="vllm-router routing policy; cache_aware is load- and prefix-aware.")
+    policy: Literal["cache_aware", "round_robin", "random", "power_of_two", "consistent_hash", "kv_aware"] = (
+        Field(
+            default="cache_aware",
+            description="vllm-router routing policy; cache_aware is load- and prefix-aware.",
+        )
+    )
     api_keys_secret: str | None = Field(
         default=None,
         description="Secret whose every key is an API key id and value a key. Unset: no auth (not advised).",
@@ -301,7 +359,9 @@ class Gateway(Model):
     max_concurrent_requests: int = Field(default=512, ge=1, description="Requests proxied at once, all keys.")
     queue_size: int = Field(default=256, ge=0, description="Requests waiting for a slot before 503s.")
     queue_timeout_seconds: int = Field(default=30, ge=1, description="Longest wait for a slot.")
-    request_timeout_seconds: int = Field(default=600, ge=1, description="Longest request, streaming included.")
+    request_timeout_seconds: int = Field(
+        default=600, ge=1, description="Longest request, streaming included."
+    )
     connect_timeout_seconds: int = Field(default=5, ge=1, le=60, description="Connect timeout to an engine.")
     image: str | None = Field(default=None, description="Gateway image (nginx + vllm-router).")
     service: GatewayService = Field(default_factory=GatewayService, description="Client-facing Service.")
@@ -351,7 +411,7 @@ class QwenDeploymentSpec(Model):
     @model_validator(mode="after")
     def _replicas_xor_autoscaling(self) -> QwenDeploymentSpec:
         if self.replicas is not None and self.autoscaling is not None:
-            raise ValueError("set either replicas or autoscaling, not both")
+            raise field_error("replicas", "set either replicas or autoscaling, not both")
         return self
 
     @property
@@ -390,16 +450,22 @@ class SpecError(ValueError):
         super().__init__("; ".join(f"{path}: {msg}" for path, msg in problems))
 
 
+#: Tags pydantic puts in error locations below a discriminated union (`speculative.<method>.<field>`).
+_UNION_TAGS = {"speculative": ("ngram", "draft_model", "eagle3")}
+
+
 def field_path(loc: tuple[int | str, ...]) -> str:
     """`('spec', 'engine', 'extraArgs', 2)` -> `spec.engine.extraArgs[2]`; drops union tags."""
     out = ""
+    previous: int | str | None = None
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("ngram", "draft_model", "eagle3") or part.startswith("function-"):
+        elif part in _UNION_TAGS.get(str(previous), ()) or part.startswith("function-"):
             continue
         else:
             out += f".{part}" if out else part
+        previous = part
     return out
 
 
@@ -408,13 +474,21 @@ def parse(body: dict[str, Any]) -> QwenDeployment:
     try:
         return QwenDeployment.model_validate(body)
     except ValidationError as exc:
-        raise SpecError([(field_path(e["loc"]) or "(root)", _message(e)) for e in exc.errors()]) from None
+        raise SpecError([_problem(e) for e in exc.errors()]) from None
 
 
-def _message(error: Any) -> str:
-    if error["type"] == "extra_forbidden":
-        return "unknown field"
-    if error["type"] == "missing":
-        return "required field is missing"
-    msg = str(error["msg"])
-    return msg.removeprefix("Value error, ")
+def _problem(error: Any) -> tuple[str, str]:
+    path = field_path(error["loc"])
+    kind, ctx = error["type"], error.get("ctx") or {}
+    if kind == "field_rule":
+        return f"{path}.{ctx['field']}" if path else ctx["field"], ctx["message"]
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        tag = ctx.get("discriminator", "").strip("'")
+        if kind == "union_tag_not_found":
+            return f"{path}.{tag}", "required field is missing"
+        return f"{path}.{tag}", f"must be one of {ctx['expected_tags']}, not {ctx['tag']!r}"
+    if kind == "extra_forbidden":
+        return path or "(root)", "unknown field"
+    if kind == "missing":
+        return path or "(root)", "required field is missing"
+    return path or "(root)", str(error["msg"]).removeprefix("Value error, ")

@@ -5,31 +5,72 @@ The operator applies exactly these objects; `qwen-operator render` prints them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.review import Review
 from .engine import Rollout, build_engine_deployment, build_engine_service
+from .gateway import GATEWAY_METRICS_PORTS, build_client_service, build_gateway
+from .monitoring import build_engine_service_monitor, build_gateway_pod_monitor, build_prometheus_rule
+from .policy import build_engine_network_policy, build_pdb
+from .scaling import build_hpa, build_scaled_object
+
+#: CRDs that optional kinds need; without them the child is skipped and the status says so.
+CRD_OF_KIND = {
+    "ServiceMonitor": "servicemonitors.monitoring.coreos.com",
+    "PodMonitor": "podmonitors.monitoring.coreos.com",
+    "PrometheusRule": "prometheusrules.monitoring.coreos.com",
+    "ScaledObject": "scaledobjects.keda.sh",
+    "HTTPRoute": "httproutes.gateway.networking.k8s.io",
+}
 
 
 @dataclass(frozen=True)
 class ClusterFacts:
-    """What the builders need to know about the cluster; offline renders use the defaults."""
+    """What the builders need to know about the cluster; offline renders assume everything is there."""
 
     free_gpus: int | None = None  # allocatable minus requested GPUs on nodes of the pool
-    monitoring_crds: bool = True  # ServiceMonitor / PrometheusRule CRDs installed
-    keda_crds: bool = True
+    missing_crds: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass
+class Children:
+    """The objects to apply, and the optional ones skipped because their CRD is missing."""
+
+    objects: list[dict[str, Any]]
+    rollout: Rollout
+    skipped: list[str]
+
+
+def build_children(review: Review, facts: ClusterFacts | None = None) -> Children:
+    """Every child object of a valid QwenDeployment, in apply order."""
+    facts = facts or ClusterFacts()
+    spec = review.resource.spec
+    rollout = Rollout.choose(facts.free_gpus, review.plan.gpus_per_replica)
+    objects = [
+        *build_gateway(review),
+        build_engine_service(review),
+        build_client_service(review),
+        build_engine_deployment(review, rollout),
+        build_pdb(review, "engine"),
+    ]
+    if spec.gateway.enabled:
+        objects += [build_pdb(review, "gateway"), build_engine_network_policy(review)]
+    if spec.autoscaling:
+        objects.append(build_hpa(review) if spec.autoscaling.driver == "hpa" else build_scaled_object(review))
+    if spec.monitoring.service_monitor:
+        objects.append(build_engine_service_monitor(review))
+        if spec.gateway.enabled:
+            objects.append(build_gateway_pod_monitor(review, list(GATEWAY_METRICS_PORTS)))
+    if spec.monitoring.prometheus_rule:
+        objects.append(build_prometheus_rule(review))
+    missing = [o for o in objects if CRD_OF_KIND.get(o["kind"]) in facts.missing_crds]
+    skipped = [
+        f"{o['kind']} {o['metadata']['name']} ({CRD_OF_KIND[o['kind']]} not installed)" for o in missing
+    ]
+    objects = [o for o in objects if o not in missing]
+    return Children(objects=objects, rollout=rollout, skipped=skipped)
 
 
 def build_all(review: Review, facts: ClusterFacts | None = None) -> list[dict[str, Any]]:
-    """Every child object of a valid QwenDeployment, in apply order."""
-    facts = facts or ClusterFacts()
-    rollout = rollout_for(review, facts)
-    return [
-        build_engine_service(review),
-        build_engine_deployment(review, rollout),
-    ]
-
-
-def rollout_for(review: Review, facts: ClusterFacts) -> Rollout:
-    return Rollout.choose(facts.free_gpus, review.plan.gpus_per_replica)
+    return build_children(review, facts).objects

@@ -33,10 +33,14 @@ class Rollout:
         if free_gpus is None:
             return Rollout("InPlace", "free GPUs in the pool unknown: replacing pods one at a time")
         if free_gpus >= gpus_per_replica:
-            return Rollout("Surge", f"{free_gpus} free GPUs in the pool fit a surge replica "
-                                    f"({gpus_per_replica} GPUs)")
-        return Rollout("InPlace", f"{free_gpus} free GPUs in the pool, a surge replica needs "
-                                  f"{gpus_per_replica}: replacing pods one at a time")
+            return Rollout(
+                "Surge", f"{free_gpus} free GPUs in the pool fit a surge replica ({gpus_per_replica} GPUs)"
+            )
+        return Rollout(
+            "InPlace",
+            f"{free_gpus} free GPUs in the pool, a surge replica needs "
+            f"{gpus_per_replica}: replacing pods one at a time",
+        )
 
     def strategy(self) -> dict[str, Any]:
         surge, unavailable = (1, 0) if self.mode == "Surge" else (0, 1)
@@ -63,10 +67,16 @@ def _scheduling(review: Review) -> dict[str, Any]:
     if gpu.affinity is not None:
         out["affinity"] = gpu.affinity
     elif gpu.node_selector is None:
-        term = {"key": "nvidia.com/gpu.product", "operator": "In", "values": list(GPUS[gpu.type].product_labels)}
+        term = {
+            "key": "nvidia.com/gpu.product",
+            "operator": "In",
+            "values": list(GPUS[gpu.type].product_labels),
+        }
         out["affinity"] = {
             "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [term]}]}
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [term]}]
+                }
             }
         }
     return out
@@ -86,7 +96,9 @@ def _env(review: Review) -> list[dict[str, Any]]:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     if spec.engine.api_key_secret:
         ref = spec.engine.api_key_secret
-        env.append({"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        env.append(
+            {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        )
     return env + list(spec.engine.env)
 
 
@@ -96,7 +108,9 @@ def _volumes(review: Review) -> list[dict[str, Any]]:
     if cache.claim_name:
         model_volume: dict[str, Any] = {"persistentVolumeClaim": {"claimName": cache.claim_name}}
     else:
-        weights_gib = math.ceil(review.plan.weights_bytes_per_gpu * review.plan.gpus_per_replica * 1.2 / 2**30)
+        weights_gib = math.ceil(
+            review.plan.weights_bytes_per_gpu * review.plan.gpus_per_replica * 1.2 / 2**30
+        )
         model_volume = {"emptyDir": {"sizeLimit": cache.size_limit or f"{weights_gib}Gi"}}
     return [
         {"name": "model-cache", **model_volume},
@@ -118,7 +132,11 @@ def _container(review: Review) -> dict[str, Any]:
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "env": _env(review),
         "resources": {
-            "requests": {"cpu": e.resources.cpu, "memory": e.resources.memory, spec.gpu.resource_name: str(gpus)},
+            "requests": {
+                "cpu": e.resources.cpu,
+                "memory": e.resources.memory,
+                spec.gpu.resource_name: str(gpus),
+            },
             "limits": {"memory": e.resources.memory, spec.gpu.resource_name: str(gpus)},
         },
         "volumeMounts": [

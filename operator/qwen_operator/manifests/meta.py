@@ -21,7 +21,11 @@ def owner_reference(qd: QwenDeployment) -> dict[str, Any]:
 
 def metadata(qd: QwenDeployment, name: str, component: str, **extra: Any) -> dict[str, Any]:
     """Metadata of a namespaced child; owned by the resource once it has a uid (offline renders have none)."""
-    meta: dict[str, Any] = {"name": name, "namespace": qd.metadata.namespace, "labels": names.labels(qd, component)}
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": qd.metadata.namespace,
+        "labels": names.labels(qd, component),
+    }
     if qd.metadata.uid:
         meta["ownerReferences"] = [owner_reference(qd)]
     return meta | extra

@@ -34,15 +34,14 @@ def selector(qd: QwenDeployment, component: str) -> dict[str, str]:
 def labels(qd: QwenDeployment, component: str) -> dict[str, str]:
     return {
         **selector(qd, component),
-        "app.kubernetes.io/managed-by": MANAGED_BY,
         "app.kubernetes.io/part-of": "qwen-operator",
-        f"{LABEL_PREFIX}/deployment": qd.metadata.name,
+        **owner_labels(qd.metadata.name),
     }
 
 
-def owner_labels(qd: QwenDeployment) -> dict[str, str]:
-    """Labels every child carries, used to list children for pruning."""
-    return {"app.kubernetes.io/managed-by": MANAGED_BY, f"{LABEL_PREFIX}/deployment": qd.metadata.name}
+def owner_labels(owner: str) -> dict[str, str]:
+    """Labels every child of the QwenDeployment `owner` carries, used to list children for pruning."""
+    return {"app.kubernetes.io/managed-by": MANAGED_BY, f"{LABEL_PREFIX}/deployment": owner}
 
 
 def endpoint(qd: QwenDeployment, port: int) -> str:

@@ -1,0 +1,364 @@
+"""The operator end to end on the dev cluster: children, scheduling, status, drift, HPA, GC, zero writes.
+
+The operator runs as a local process under the ServiceAccount and RBAC of manifests/install.yaml.
+"""
+
+from __future__ import annotations
+
+import calendar
+import copy
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from devcluster.fixtures import wait_until
+from operator_proc import OPERATOR_USER, OperatorProcess, install, service_account_kubeconfig
+
+from qwen_operator.api.review import review
+from qwen_operator.k8s import contains
+from qwen_operator.manifests import CRD_OF_KIND, ClusterFacts, build_children
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+GPU_PRODUCT = {
+    "A100-80GB": "NVIDIA-A100-SXM4-80GB",
+    "H100-80GB": "NVIDIA-H100-80GB-HBM3",
+    "L40S-48GB": "NVIDIA-L40S",
+}
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    install(cluster)
+    tmp = tmp_path_factory.mktemp("operator")
+    kubeconfig = service_account_kubeconfig(cluster, tmp / "kubeconfig")
+    proc = OperatorProcess(kubeconfig, tmp / "operator.log").start()
+    yield proc
+    proc.stop()
+    print(f"\n--- operator log (tail) ---\n{proc.tail(80)}")
+
+
+def load_example(path: Path, namespace: str) -> dict[str, Any]:
+    body = yaml.safe_load(path.read_text())
+    body["metadata"]["namespace"] = namespace
+    return body
+
+
+def kubectl_json(cluster: Any, *args: str) -> Any:
+    out = cluster.kubectl(*args, "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def apply(cluster: Any, body: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
+
+
+def get_qwd(cluster: Any, ns: str, name: str) -> dict[str, Any]:
+    return kubectl_json(cluster, "-n", ns, "get", "qwd", name)  # type: ignore[no-any-return]
+
+
+def condition(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
+    for c in (obj or {}).get("status", {}).get("conditions", []):
+        if c["type"] == ctype:
+            return c  # type: ignore[no-any-return]
+    return {}
+
+
+def wait_condition(cluster: Any, ns: str, name: str, ctype: str, status: str, timeout: float = 90) -> dict:
+    def check() -> dict[str, Any] | None:
+        obj = get_qwd(cluster, ns, name)
+        return obj if condition(obj, ctype).get("status") == status else None
+
+    try:
+        return wait_until(check, timeout, f"{name} {ctype}={status}")
+    except AssertionError:
+        print(json.dumps(get_qwd(cluster, ns, name).get("status"), indent=1))
+        raise
+
+
+def secrets_for(cluster: Any, body: dict[str, Any]) -> None:
+    keys = body["spec"].get("gateway", {}).get("apiKeysSecret")
+    if keys:
+        cluster.kubectl(
+            "-n",
+            body["metadata"]["namespace"],
+            "create",
+            "secret",
+            "generic",
+            keys,
+            "--from-literal=team-a=sk-test-a",
+        )
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_becomes_ready(
+    cluster: Any, operator: OperatorProcess, namespace: str, example: Path
+) -> None:
+    body = load_example(example, namespace)
+    name = body["metadata"]["name"]
+    secrets_for(cluster, body)
+    apply(cluster, body)
+    obj = wait_condition(cluster, namespace, name, "Ready", "True", timeout=120)
+    status = obj["status"]
+    assert status["endpoint"].startswith(f"http://{name}.{namespace}.svc")
+    assert status["plan"]["fits"] is True and status["plan"]["kvTokensPerReplica"] > 0
+    assert status["observedGeneration"] == obj["metadata"]["generation"]
+    assert not obj["metadata"].get("finalizers"), "the operator must not add finalizers"
+    assert not [a for a in obj["metadata"].get("annotations", {}) if "kopf" in a]
+
+    gpu_type = body["spec"]["gpu"]["type"]
+    pods = kubectl_json(
+        cluster,
+        "-n",
+        namespace,
+        "get",
+        "pods",
+        "-l",
+        f"app.kubernetes.io/instance={name},app.kubernetes.io/component=engine",
+    )["items"]
+    assert pods, "no engine pods"
+    for pod in pods:
+        node = kubectl_json(cluster, "get", "node", pod["spec"]["nodeName"])
+        assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == GPU_PRODUCT[gpu_type]
+        gpus = pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+        assert int(gpus) == status["plan"]["gpusPerReplica"]
+
+    table = cluster.kubectl("-n", namespace, "get", "qwd", name).stdout.splitlines()
+    assert table[0].split()[:6] == ["NAME", "READY", "REPLICAS", "GPU", "TP", "CONTEXT"]
+    row = table[1].split()
+    assert row[1] == "True" and row[3] == gpu_type
+    assert row[4] == str(status["tensorParallelSize"]) and row[5] == str(status["maxModelLen"])
+
+    for kind, child in (
+        ("deployment", f"{name}-engine"),
+        ("deployment", f"{name}-gateway"),
+        ("service", name),
+        ("service", f"{name}-engine"),
+        ("pdb", f"{name}-engine"),
+        ("networkpolicy", f"{name}-engine"),
+    ):
+        assert kubectl_json(cluster, "-n", namespace, "get", kind, child), f"{kind} {child} missing"
+    monitoring = condition(obj, "MonitoringReady")
+    assert (monitoring["status"], monitoring["reason"]) == ("False", "CRDNotInstalled")
+
+
+def test_render_matches_what_the_operator_created(
+    cluster: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    body = load_example(EXAMPLES[0], namespace)
+    secrets_for(cluster, body)
+    apply(cluster, body)
+    obj = wait_condition(cluster, namespace, body["metadata"]["name"], "Ready", "True")
+    rev = review(obj)
+    missing = frozenset(c for c in CRD_OF_KIND.values())  # the dev cluster has none of the optional CRDs
+    rendered = build_children(rev, ClusterFacts(free_gpus=None, missing_crds=missing)).objects
+    for want in rendered:
+        live = kubectl_json(
+            cluster, "-n", namespace, "get", f"{want['kind']}.{_group(want)}", want["metadata"]["name"]
+        )
+        assert live is not None, f"{want['kind']} {want['metadata']['name']} not created"
+        want = copy.deepcopy(want)
+        if want["kind"] == "Deployment":  # rollout mode depends on the free GPUs the operator saw
+            want["spec"].pop("strategy")
+        assert contains(live, want), f"{want['kind']} {want['metadata']['name']} differs from render"
+
+
+def _group(obj: dict[str, Any]) -> str:
+    group = obj["apiVersion"].rpartition("/")[0]
+    return group or ""
+
+
+def test_more_gpus_than_the_pool_has_is_unschedulable(
+    cluster: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    body = load_example(EXAMPLES[0], namespace)
+    body["metadata"]["name"] = "too-big"
+    body["spec"]["gpu"]["gpusPerNode"] = 16
+    body["spec"]["parallelism"] = {"tensor": 8, "pipeline": 2}
+    body["spec"]["gateway"] = {"enabled": False}
+    apply(cluster, body)
+    obj = wait_condition(cluster, namespace, "too-big", "Scheduled", "False")
+    assert "Insufficient nvidia.com/gpu" in condition(obj, "Scheduled")["message"]
+    ready = condition(obj, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "Unschedulable")
+
+
+def test_invalid_spec_creates_nothing(cluster: Any, operator: OperatorProcess, namespace: str) -> None:
+    body = load_example(EXAMPLES[0], namespace)
+    body["metadata"]["name"] = "no-fit"
+    body["spec"]["gpu"]["type"] = "A100-40GB"
+    apply(cluster, body)
+    obj = wait_condition(cluster, namespace, "no-fit", "CapacityFit", "False")
+    assert "spec.gpu.type" in condition(obj, "CapacityFit")["message"]
+    assert condition(obj, "Ready")["reason"] == "DoesNotFit"
+    left = kubectl_json(
+        cluster, "-n", namespace, "get", "deploy,svc,cm,sa", "-l", "qwenops.dev/deployment=no-fit"
+    )
+    assert left["items"] == []
+    events = kubectl_json(
+        cluster, "-n", namespace, "get", "events", "--field-selector", "involvedObject.name=no-fit"
+    )["items"]
+    assert any(e["reason"] == "DoesNotFit" and e["type"] == "Warning" for e in events)
+
+
+def _engine(cluster: Any, ns: str, name: str) -> dict[str, Any]:
+    return kubectl_json(cluster, "-n", ns, "get", "deployment", f"{name}-engine")  # type: ignore[no-any-return]
+
+
+def test_drift_is_reverted_and_edits_roll_out(
+    cluster: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    body = load_example(EXAMPLES[0], namespace)
+    name = body["metadata"]["name"]
+    secrets_for(cluster, body)
+    apply(cluster, body)
+    wait_condition(cluster, namespace, name, "Ready", "True")
+
+    # A hand edit of an owned field is reverted.
+    cluster.kubectl(
+        "-n",
+        namespace,
+        "patch",
+        "deployment",
+        f"{name}-engine",
+        "--type=json",
+        "-p",
+        '[{"op":"replace","path":"/spec/template/spec/containers/0/image","value":"evil:latest"}]',
+    )
+    wait_until(
+        lambda: (
+            _engine(cluster, namespace, name)["spec"]["template"]["spec"]["containers"][0]["image"]
+            != "evil:latest"
+        ),
+        30,
+        "image reverted",
+    )
+
+    # A deleted child is recreated.
+    cluster.kubectl("-n", namespace, "delete", "service", f"{name}-engine", "--wait=true")
+    wait_until(
+        lambda: kubectl_json(cluster, "-n", namespace, "get", "service", f"{name}-engine"),
+        30,
+        "engine Service recreated",
+    )
+
+    # Editing the CR rolls the Deployment with the new flag.
+    generation = _engine(cluster, namespace, name)["metadata"]["generation"]
+    cluster.kubectl(
+        "-n",
+        namespace,
+        "patch",
+        "qwd",
+        name,
+        "--type=merge",
+        "-p",
+        '{"spec":{"engine":{"maxModelLen":16384}}}',
+    )
+
+    def rolled() -> bool:
+        dep = _engine(cluster, namespace, name)
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        return (
+            dep["metadata"]["generation"] > generation and args[args.index("--max-model-len") + 1] == "16384"
+        )
+
+    wait_until(rolled, 30, "engine Deployment rolled with --max-model-len 16384")
+    obj = wait_condition(cluster, namespace, name, "Ready", "True")
+    assert obj["status"]["maxModelLen"] == 16384
+
+
+def test_hpa_owns_replicas(cluster: Any, operator: OperatorProcess, namespace: str) -> None:
+    body = load_example(next(p for p in EXAMPLES if "h100" in p.name), namespace)
+    name = body["metadata"]["name"]
+    secrets_for(cluster, body)
+    apply(cluster, body)
+    wait_condition(cluster, namespace, name, "Ready", "True")
+    hpa = kubectl_json(cluster, "-n", namespace, "get", "hpa", f"{name}-engine")
+    assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "vllm:num_requests_waiting"
+    dep = _engine(cluster, namespace, name)
+    managers = [m for m in dep["metadata"]["managedFields"] if m["manager"] == "qwen-operator"]
+    assert all("f:replicas" not in json.dumps(m.get("fieldsV1", {}).get("f:spec", {})) for m in managers)
+
+    cluster.kubectl("-n", namespace, "scale", "deployment", f"{name}-engine", "--replicas=2")
+    # Trigger a reconcile through the CR, then check the operator left replicas alone.
+    cluster.kubectl("-n", namespace, "annotate", "qwd", name, "example.com/touch=1", "--overwrite")
+    wait_until(
+        lambda: get_qwd(cluster, namespace, name)["status"].get("desiredReplicas") == 2,
+        30,
+        "status desiredReplicas=2",
+    )
+    assert _engine(cluster, namespace, name)["spec"]["replicas"] == 2
+
+
+def test_delete_garbage_collects_everything(cluster: Any, operator: OperatorProcess, namespace: str) -> None:
+    body = load_example(EXAMPLES[0], namespace)
+    name = body["metadata"]["name"]
+    secrets_for(cluster, body)
+    apply(cluster, body)
+    wait_condition(cluster, namespace, name, "Ready", "True")
+    cluster.kubectl("-n", namespace, "delete", "qwd", name, "--wait=true", "--timeout=30s")
+
+    def gone() -> bool:
+        left = kubectl_json(
+            cluster,
+            "-n",
+            namespace,
+            "get",
+            "deploy,svc,cm,sa,role,rolebinding,pdb,networkpolicy,hpa",
+            "-l",
+            f"qwenops.dev/deployment={name}",
+        )
+        return left is not None and left["items"] == []
+
+    wait_until(gone, 60, "children garbage-collected")
+
+
+def _audit_writes(cluster: Any, since: float) -> list[dict[str, Any]]:
+    path = Path(cluster.kubeconfig).parent / "audit.log"
+    if not path.exists():
+        pytest.skip("this cluster keeps no audit log (only the dev cluster does)")
+    writes = []
+    for line in path.read_text().splitlines():
+        event = json.loads(line)
+        stamp = calendar.timegm(time.strptime(event["requestReceivedTimestamp"][:19], "%Y-%m-%dT%H:%M:%S"))
+        if (
+            event["user"]["username"] == OPERATOR_USER
+            and event["verb"] in ("create", "update", "patch", "delete")
+            and stamp >= since
+        ):
+            writes.append(event)
+    return writes
+
+
+def test_noop_resync_writes_nothing(
+    cluster: Any, operator: OperatorProcess, namespace: str, tmp_path: Path
+) -> None:
+    for example in EXAMPLES:
+        body = load_example(example, namespace)
+        secrets_for(cluster, body)
+        apply(cluster, body)
+    for example in EXAMPLES:
+        wait_condition(
+            cluster, namespace, yaml.safe_load(example.read_text())["metadata"]["name"], "Ready", "True"
+        )
+    time.sleep(3)  # let the last status writes settle
+
+    # A restart re-lists every object (resume); a short resync period exercises the timer path too.
+    operator.stop()
+    since = time.time() + 1
+    restarted = OperatorProcess(operator.kubeconfig, tmp_path / "restarted.log", resync_seconds=5).start()
+    try:
+        time.sleep(15)
+        writes = _audit_writes(cluster, since)
+        reconciles = restarted.metric("qwen_operator_reconciles_total")
+    finally:
+        restarted.stop()
+        operator.start()
+    assert reconciles >= 2 * len(EXAMPLES), f"only {reconciles} reconciles ran"
+    assert writes == [], "\n".join(f"{w['verb']} {w['requestURI']}" for w in writes)

@@ -1,0 +1,162 @@
+"""kopf wiring: watch QwenDeployments and their children, run the reconcile, write status on change.
+
+Only watching handlers are used (no create/update handlers, timers or daemons), so kopf writes no
+annotations and adds no finalizer: deleting a QwenDeployment never hangs on the operator, children
+go with it through their ownerReferences, and a resync that finds nothing to do writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections import defaultdict
+from typing import Any
+
+import kopf
+import kubernetes
+
+from .api.spec import GROUP, PLURAL, VERSION
+from .k8s import KINDS, Cluster
+from .manifests.names import LABEL_PREFIX, MANAGED_BY
+from .metrics import DEPLOYMENTS_READY, serve
+from .reconcile import reconcile
+from .status import transitions
+
+log = logging.getLogger("qwen_operator")
+
+RESYNC_SECONDS = float(os.environ.get("QWEN_OPERATOR_RESYNC_SECONDS", "300"))
+_locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+_cluster: Cluster | None = None
+_healthy = threading.Event()
+
+
+def cluster() -> Cluster:
+    global _cluster
+    if _cluster is None:
+        _cluster = Cluster()
+    return _cluster
+
+
+def reconcile_object(body: dict[str, Any]) -> None:
+    """Reconcile one QwenDeployment body; serialised per object across watch streams."""
+    meta = body["metadata"]
+    if meta.get("deletionTimestamp"):
+        return
+    key = (meta["namespace"], meta["name"])
+    with _locks[key]:
+        result = reconcile(cluster(), body)
+        old = body.get("status")
+        if old != result.status:
+            cluster().patch_status(
+                meta["namespace"], meta["name"], PLURAL, f"{GROUP}/{VERSION}", result.status
+            )
+            for cond in transitions(old, result.status):
+                _event(body, cond)
+        ready = next(c for c in result.status["conditions"] if c["type"] == "Ready")["status"] == "True"
+        DEPLOYMENTS_READY.labels(*key).set(1 if ready else 0)
+        for write in result.writes:
+            log.info("%s/%s: %s", *key, write)
+
+
+def _event(body: dict[str, Any], cond: dict[str, Any]) -> None:
+    if cond["status"] == "Unknown":
+        return
+    good = (cond["status"] == "True") != (cond["type"] == "Progressing")
+    kind = "Normal" if good or cond["type"] == "Progressing" else "Warning"
+    kopf.event(
+        body,
+        type=kind,
+        reason=cond["reason"],
+        message=f"{cond['type']}={cond['status']}: {cond['message']}"[:1024],
+    )
+
+
+def _fetch(namespace: str, name: str) -> dict[str, Any] | None:
+    return cluster().get(f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}")
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def on_qwendeployment(body: kopf.Body, type: str | None, **_: Any) -> None:
+    if type == "DELETED":
+        return
+    reconcile_object(_fetch(body["metadata"]["namespace"], body["metadata"]["name"]) or dict(body))
+
+
+def _on_child(body: kopf.Body, type: str | None, **_: Any) -> None:
+    """A child changed or vanished: reconcile its owner (reverts hand edits, recreates deletions)."""
+    owner = body["metadata"].get("labels", {}).get(f"{LABEL_PREFIX}/deployment")
+    if not owner:
+        return
+    parent = _fetch(body["metadata"]["namespace"], owner)
+    if parent is not None:
+        reconcile_object(parent)
+
+
+_CHILD_LABELS = {"app.kubernetes.io/managed-by": MANAGED_BY}
+
+
+def _register_child_watchers() -> None:
+    for kind in KINDS.values():
+        group, _, version = kind.api_version.rpartition("/")
+        kopf.on.event(group, version, kind.plural, labels=_CHILD_LABELS, id=f"child-{kind.plural}")(_on_child)
+
+
+async def _resync_forever(namespaces: list[str]) -> None:
+    """Periodic level-based resync of every QwenDeployment, independent of watch events."""
+    while True:
+        await asyncio.sleep(RESYNC_SECONDS)
+        paths = [f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}" for ns in namespaces] or [
+            f"/apis/{GROUP}/{VERSION}/{PLURAL}"
+        ]
+        for path in paths:
+            for item in await asyncio.to_thread(cluster().list, path):
+                try:
+                    await asyncio.to_thread(reconcile_object, item)
+                except Exception:  # one broken object must not stop the resync of the others
+                    log.exception(
+                        "resync of %s/%s failed", item["metadata"]["namespace"], item["metadata"]["name"]
+                    )
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=LABEL_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=LABEL_PREFIX)
+    settings.posting.level = logging.INFO
+    settings.peering.standalone = True
+    settings.watching.server_timeout = 270
+    settings.execution.max_workers = 4
+
+
+def _load_kube_config() -> None:
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+
+
+def run(namespaces: list[str], all_namespaces: bool, metrics_port: int, standalone: bool) -> int:
+    """Run the operator until interrupted."""
+    logging.basicConfig(
+        level=logging.INFO,
+        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
+    )
+    _load_kube_config()
+    _register_child_watchers()
+
+    async def main() -> None:
+        runner = await serve(metrics_port, _healthy.is_set)
+        resync = asyncio.create_task(_resync_forever(namespaces))
+        _healthy.set()
+        try:
+            await kopf.operator(
+                clusterwide=not namespaces, namespaces=namespaces, standalone=True, stop_flag=None
+            )
+        finally:
+            resync.cancel()
+            await runner.cleanup()
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,238 @@
+"""The status of a QwenDeployment, computed by one pure function from what the reconciler observed.
+
+Conditions (all always present, so `kubectl wait --for=condition=X` works):
+  ConfigValid     the spec parses and passes the model/GPU checks
+  CapacityFit     the capacity plan fits (weights + one maxModelLen sequence of KV per replica)
+  Scheduled       every engine pod has a node; False carries the scheduler's reason
+  Progressing     a rollout is under way (False once complete or when stuck)
+  ScalingReady    the HPA can read its metric (or replicas are fixed)
+  MonitoringReady the requested monitoring objects exist (False: CRDNotInstalled)
+  Ready           at least one engine replica and the gateway serve
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+CONDITION_TYPES = (
+    "Ready",
+    "ConfigValid",
+    "CapacityFit",
+    "Scheduled",
+    "Progressing",
+    "ScalingReady",
+    "MonitoringReady",
+)
+
+
+@dataclass
+class Observed:
+    """What the reconciler saw; every field optional so invalid specs can still report."""
+
+    generation: int | None = None
+    spec_errors: list[str] = field(default_factory=list)  # parse errors (ConfigValid)
+    plan_errors: list[str] = field(default_factory=list)  # plan errors (CapacityFit)
+    plan: dict[str, Any] | None = None
+    gpu: str | None = None
+    tensor_parallel_size: int | None = None
+    max_model_len: int | None = None
+    endpoint: str | None = None
+    selector: str | None = None
+    rollout: str | None = None
+    engine: dict[str, Any] | None = None  # the engine Deployment as read back
+    gateway: dict[str, Any] | None = None  # the gateway Deployment as read back
+    gateway_enabled: bool = True
+    pods: list[dict[str, Any]] = field(default_factory=list)  # engine pods
+    autoscaling: bool = False
+    hpa: dict[str, Any] | None = None
+    skipped: list[str] = field(default_factory=list)  # optional children without their CRD
+    monitoring_requested: bool = False
+
+
+def _cond(ctype: str, ok: bool | None, reason: str, message: str = "") -> dict[str, Any]:
+    status = "Unknown" if ok is None else ("True" if ok else "False")
+    return {"type": ctype, "status": status, "reason": reason, "message": message}
+
+
+def _pending_reason(pods: list[dict[str, Any]]) -> tuple[bool | None, str, str]:
+    if not pods:
+        return None, "NoPods", "no engine pods yet"
+    for pod in pods:
+        for c in pod.get("status", {}).get("conditions", []):
+            if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                name = pod["metadata"]["name"]
+                return (
+                    False,
+                    c.get("reason") or "Unschedulable",
+                    f"pod {name}: {c.get('message', '')}".strip(),
+                )
+    return True, "AllPodsScheduled", f"{len(pods)} engine pod(s) placed on nodes"
+
+
+def _deployment_condition(dep: dict[str, Any], ctype: str) -> dict[str, Any]:
+    return next((c for c in dep.get("status", {}).get("conditions", []) if c.get("type") == ctype), {})
+
+
+def _progressing(engine: dict[str, Any] | None, desired: int) -> dict[str, Any]:
+    if engine is None:
+        return _cond("Progressing", True, "Creating", "engine Deployment being created")
+    st = engine.get("status", {})
+    progress = _deployment_condition(engine, "Progressing")
+    if progress.get("reason") == "ProgressDeadlineExceeded":
+        return _cond("Progressing", False, "ProgressDeadlineExceeded", progress.get("message", ""))
+    gen_seen = st.get("observedGeneration", 0) >= engine.get("metadata", {}).get("generation", 0)
+    updated, ready = st.get("updatedReplicas", 0), st.get("readyReplicas", 0)
+    total = st.get("replicas", 0)
+    if gen_seen and updated >= desired and ready >= desired and total == updated:
+        return _cond("Progressing", False, "RolloutComplete", f"{ready}/{desired} replicas updated and ready")
+    return _cond("Progressing", True, "RollingOut", f"{updated} updated, {ready} ready of {desired} replicas")
+
+
+def _scaling(obs: Observed) -> dict[str, Any]:
+    if not obs.autoscaling:
+        return _cond("ScalingReady", True, "FixedReplicas", "replicas set in spec")
+    if obs.hpa is None:
+        if any(s.startswith("ScaledObject") for s in obs.skipped):
+            return _cond("ScalingReady", False, "CRDNotInstalled", "KEDA is not installed")
+        return _cond("ScalingReady", None, "NoAutoscalerStatus", "autoscaler not observed yet")
+    for c in obs.hpa.get("status", {}).get("conditions", []):
+        if c.get("type") in ("ScalingActive", "AbleToScale") and c.get("status") == "False":
+            return _cond(
+                "ScalingReady",
+                False,
+                c.get("reason", "ScalingInactive"),
+                f"the queue-depth metric cannot drive scaling: {c.get('message', '')}",
+            )
+    if not obs.hpa.get("status", {}).get("conditions"):
+        return _cond("ScalingReady", None, "NoAutoscalerStatus", "the HPA has not evaluated its metric yet")
+    return _cond("ScalingReady", True, "MetricAvailable", "the HPA reads the queue-depth metric")
+
+
+def _monitoring(obs: Observed) -> dict[str, Any]:
+    missing = [s for s in obs.skipped if not s.startswith("ScaledObject")]
+    if missing:
+        return _cond("MonitoringReady", False, "CRDNotInstalled", "skipped: " + "; ".join(missing))
+    if not obs.monitoring_requested:
+        return _cond("MonitoringReady", True, "Disabled", "no monitoring objects requested")
+    return _cond("MonitoringReady", True, "Configured", "monitoring objects applied")
+
+
+def _ready(obs: Observed, conds: dict[str, dict[str, Any]], ready_replicas: int) -> dict[str, Any]:
+    if obs.spec_errors:
+        return _cond("Ready", False, "InvalidSpec", conds["ConfigValid"]["message"])
+    if obs.plan_errors:
+        return _cond("Ready", False, "DoesNotFit", conds["CapacityFit"]["message"])
+    if ready_replicas < 1:
+        if conds["Scheduled"]["status"] == "False":
+            return _cond("Ready", False, "Unschedulable", conds["Scheduled"]["message"])
+        return _cond("Ready", False, "NoReadyReplicas", "no engine replica is ready yet")
+    if obs.gateway_enabled and (obs.gateway or {}).get("status", {}).get("readyReplicas", 0) < 1:
+        return _cond("Ready", False, "GatewayNotReady", "engines ready, no gateway pod ready yet")
+    return _cond("Ready", True, "Serving", f"{ready_replicas} engine replica(s) ready at {obs.endpoint}")
+
+
+def compute_status(
+    obs: Observed, previous: dict[str, Any] | None, now: datetime | None = None
+) -> dict[str, Any]:
+    """The full status object; lastTransitionTime carried over from `previous` when a status holds."""
+    engine_status = (obs.engine or {}).get("status", {})
+    desired = (obs.engine or {}).get("spec", {}).get("replicas", 0) if obs.engine else 0
+    ready = engine_status.get("readyReplicas", 0)
+    conds: dict[str, dict[str, Any]] = {}
+    conds["ConfigValid"] = (
+        _cond("ConfigValid", False, "InvalidSpec", "; ".join(obs.spec_errors))
+        if obs.spec_errors
+        else _cond("ConfigValid", True, "Valid", "spec is valid")
+    )
+    if obs.spec_errors:
+        conds["CapacityFit"] = _cond("CapacityFit", None, "InvalidSpec", "no plan for an invalid spec")
+    elif obs.plan_errors:
+        conds["CapacityFit"] = _cond("CapacityFit", False, "DoesNotFit", "; ".join(obs.plan_errors))
+    else:
+        p = obs.plan or {}
+        conds["CapacityFit"] = _cond(
+            "CapacityFit",
+            True,
+            "Fits",
+            f"{p.get('kvTokensPerReplica')} KV tokens per replica, "
+            f"{p.get('maxConcurrentAtMaxModelLen')} x {p.get('maxModelLen')}-token requests",
+        )
+    ok, reason, message = _pending_reason(obs.pods)
+    conds["Scheduled"] = _cond("Scheduled", ok, reason, message)
+    conds["Progressing"] = (
+        _progressing(obs.engine, desired)
+        if not (obs.spec_errors or obs.plan_errors)
+        else _cond("Progressing", False, "Blocked", "nothing is rolled out until the spec is fixed")
+    )
+    conds["ScalingReady"] = _scaling(obs)
+    conds["MonitoringReady"] = _monitoring(obs)
+    conds["Ready"] = _ready(obs, conds, ready)
+    status: dict[str, Any] = {
+        "observedGeneration": obs.generation,
+        "phase": _phase(conds),
+        "replicas": engine_status.get("replicas", 0),
+        "readyReplicas": ready,
+        "desiredReplicas": desired,
+        "replicasSummary": f"{ready}/{desired}",
+        "conditions": _stamp([conds[t] for t in CONDITION_TYPES], previous, obs.generation, now),
+    }
+    optional = {
+        "selector": obs.selector,
+        "gpu": obs.gpu,
+        "tensorParallelSize": obs.tensor_parallel_size,
+        "maxModelLen": obs.max_model_len,
+        "endpoint": obs.endpoint,
+        "rolloutStrategy": obs.rollout,
+        "plan": obs.plan,
+    }
+    status.update({k: v for k, v in optional.items() if v is not None})
+    return _without_nulls(status)
+
+
+def _without_nulls(value: Any) -> Any:
+    """Drop None values: a merge patch deletes them, so a stored status never contains them."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def _phase(conds: dict[str, dict[str, Any]]) -> str:
+    if conds["ConfigValid"]["status"] == "False" or conds["CapacityFit"]["status"] == "False":
+        return "Invalid"
+    if conds["Ready"]["status"] == "True":
+        return "Progressing" if conds["Progressing"]["status"] == "True" else "Ready"
+    if (
+        conds["Scheduled"]["status"] == "False"
+        or conds["Progressing"]["reason"] == "ProgressDeadlineExceeded"
+    ):
+        return "Degraded"
+    return "Progressing"
+
+
+def _stamp(
+    conds: list[dict[str, Any]], previous: dict[str, Any] | None, generation: int | None, now: datetime | None
+) -> list[dict[str, Any]]:
+    before = {c["type"]: c for c in (previous or {}).get("conditions", [])}
+    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    out = []
+    for c in conds:
+        old = before.get(c["type"])
+        held = old is not None and old.get("status") == c["status"]
+        out.append(
+            {
+                **c,
+                "observedGeneration": generation,
+                "lastTransitionTime": old.get("lastTransitionTime", stamp) if held and old else stamp,
+            }
+        )
+    return out
+
+
+def transitions(previous: dict[str, Any] | None, current: dict[str, Any]) -> list[dict[str, Any]]:
+    """Conditions whose status changed, for Kubernetes Events."""
+    before = {c["type"]: c.get("status") for c in (previous or {}).get("conditions", [])}
+    return [c for c in current["conditions"] if before.get(c["type"]) != c["status"]]

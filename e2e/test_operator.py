@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 import yaml
+
 from devcluster.fixtures import wait_until
 from operator_proc import OPERATOR_USER, OperatorProcess, install, service_account_kubeconfig
-
 from qwen_operator.api.review import review
 from qwen_operator.k8s import contains
 from qwen_operator.manifests import CRD_OF_KIND, ClusterFacts, build_children

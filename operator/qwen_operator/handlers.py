@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 from collections import defaultdict
-from typing import Any
+from typing import Any, cast
 
 import kopf
 import kubernetes
@@ -66,7 +66,7 @@ def _event(body: dict[str, Any], cond: dict[str, Any]) -> None:
     good = (cond["status"] == "True") != (cond["type"] == "Progressing")
     kind = "Normal" if good or cond["type"] == "Progressing" else "Warning"
     kopf.event(
-        body,
+        cast(kopf.Body, body),
         type=kind,
         reason=cond["reason"],
         message=f"{cond['type']}={cond['status']}: {cond['message']}"[:1024],
@@ -111,7 +111,7 @@ async def _resync_forever(namespaces: list[str]) -> None:
             f"/apis/{GROUP}/{VERSION}/{PLURAL}"
         ]
         for path in paths:
-            for item in await asyncio.to_thread(cluster().list, path):
+            for item in await asyncio.to_thread(cluster().list_items, path):
                 try:
                     await asyncio.to_thread(reconcile_object, item)
                 except Exception:  # one broken object must not stop the resync of the others

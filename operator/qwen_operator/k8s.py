@@ -17,12 +17,12 @@ import kubernetes
 from kubernetes.client import ApiClient
 from kubernetes.client.rest import ApiException
 
-from .manifests.names import FIELD_MANAGER, LABEL_PREFIX, owner_labels
 from .metrics import API_WRITES
 
 log = logging.getLogger(__name__)
 
-HASH_ANNOTATION = f"{LABEL_PREFIX}/applied-hash"
+FIELD_MANAGER = "qwen-operator"
+HASH_ANNOTATION = "qwenops.dev/applied-hash"
 REQUEST_TIMEOUT = 30
 
 
@@ -111,7 +111,9 @@ class Cluster:
         method, url, headers, _, _ = self.api.param_serialize(
             method, path, query_params=query or [], header_params=headers, auth_settings=["BearerToken"]
         )
-        resp = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=REQUEST_TIMEOUT)
+        resp = self.api.call_api(
+            method, url, header_params=headers, body=body, _request_timeout=REQUEST_TIMEOUT
+        )
         data = resp.read()
         if resp.status >= 400:
             raise ApiException(status=resp.status, reason=resp.reason, body=data.decode(errors="replace"))
@@ -119,13 +121,13 @@ class Cluster:
 
     def get(self, path: str) -> dict[str, Any] | None:
         try:
-            return self._call("GET", path)  # type: ignore[no-any-return]
+            return self._call("GET", path)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
-    def list(
+    def list_items(
         self, path: str, label_selector: str | None = None, field_selector: str | None = None
     ) -> list[dict[str, Any]]:
         query = [
@@ -145,14 +147,14 @@ class Cluster:
     def kind_available(self, kind: Kind) -> bool:
         return kind.crd is None or self.has_crd(kind.crd)
 
-    def children(self, namespace: str, owner: str) -> dict[tuple[str, str, str], dict[str, Any]]:
-        """Objects of managed kinds labelled as children of `owner`, keyed by (apiVersion, kind, name)."""
-        selector = ",".join(f"{k}={v}" for k, v in owner_labels(owner).items())
+    def children(self, namespace: str, labels: dict[str, str]) -> dict[tuple[str, str, str], dict[str, Any]]:
+        """Objects of managed kinds carrying `labels`, keyed by (apiVersion, kind, name)."""
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
         found = {}
         for kind in KINDS.values():
             if not self.kind_available(kind):
                 continue
-            for item in self.list(kind.collection(namespace), label_selector=selector):
+            for item in self.list_items(kind.collection(namespace), label_selector=selector):
                 item |= {"apiVersion": kind.api_version, "kind": kind.kind}  # list items omit them
                 found[(kind.api_version, kind.kind, item["metadata"]["name"])] = item
         return found
@@ -194,7 +196,7 @@ class Cluster:
 
     # --- observation -----------------------------------------------------------------------------
     def pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
-        return self.list(
+        return self.list_items(
             f"/api/v1/namespaces/{namespace}/pods",
             label_selector=",".join(f"{k}={v}" for k, v in selector.items()),
         )
@@ -205,13 +207,13 @@ class Cluster:
         None when nodes or cluster-wide pods cannot be read (namespaced installs without those rights).
         """
         try:
-            nodes = [n for n in self.list("/api/v1/nodes") if node_matches(n)]
+            nodes = [n for n in self.list_items("/api/v1/nodes") if node_matches(n)]
             free = 0
             for node in nodes:
                 if node.get("spec", {}).get("unschedulable"):
                     continue
                 alloc = int(node.get("status", {}).get("allocatable", {}).get(resource, 0))
-                pods = self.list(
+                pods = self.list_items(
                     "/api/v1/pods",
                     field_selector=f"spec.nodeName={node['metadata']['name']},"
                     "status.phase!=Succeeded,status.phase!=Failed",

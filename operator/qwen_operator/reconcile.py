@@ -61,7 +61,7 @@ def _reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
     children = build_children(rev, facts)
     obs.rollout = f"{children.rollout.mode}: {children.rollout.reason}"
     obs.skipped = children.skipped
-    live = cluster.children(meta["namespace"], meta["name"])
+    live = cluster.children(meta["namespace"], names.owner_labels(meta["name"]))
     writes = _apply(cluster, children.objects, live)
     writes += _prune(cluster, children.objects, live, meta["uid"])
     MANAGED_OBJECTS.labels(meta["namespace"], meta["name"]).set(len(children.objects))

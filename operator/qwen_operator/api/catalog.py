@@ -41,40 +41,30 @@ class ModelInfo:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * kv_dtype_bytes
 
 
-_QWEN3_32B_ARCH = dict(
-    hidden_size=5120,
-    num_layers=64,
-    num_attention_heads=64,
-    num_kv_heads=8,
-    head_dim=128,
-    vocab_size=151_936,
-    parameters=32.8e9,
-)
+def _qwen3_32b(name: str, weight_bytes: int, checkpoint_quantization: str | None) -> ModelInfo:
+    """A Qwen3-32B checkpoint: same architecture, different storage."""
+    return ModelInfo(
+        name=name,
+        hidden_size=5120,
+        num_layers=64,
+        num_attention_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        vocab_size=151_936,
+        weight_bytes=weight_bytes,
+        checkpoint_quantization=checkpoint_quantization,
+        parameters=32.8e9,
+    )
+
 
 MODELS: dict[str, ModelInfo] = {
     m.name: m
     for m in (
-        # 32.76e9 parameters in bf16.
-        ModelInfo(
-            name="Qwen/Qwen3-32B",
-            weight_bytes=65_530_000_000,
-            checkpoint_quantization=None,
-            **_QWEN3_32B_ARCH,
-        ),  # type: ignore[arg-type]
+        _qwen3_32b("Qwen/Qwen3-32B", 65_530_000_000, None),  # 32.76e9 parameters in bf16
         # Linear layers in FP8 (block scales), embeddings and lm_head kept in bf16.
-        ModelInfo(
-            name="Qwen/Qwen3-32B-FP8",
-            weight_bytes=34_350_000_000,
-            checkpoint_quantization="fp8",
-            **_QWEN3_32B_ARCH,
-        ),  # type: ignore[arg-type]
+        _qwen3_32b("Qwen/Qwen3-32B-FP8", 34_350_000_000, "fp8"),
         # 4-bit AWQ, group size 128, embeddings and lm_head in fp16.
-        ModelInfo(
-            name="Qwen/Qwen3-32B-AWQ",
-            weight_bytes=19_340_000_000,
-            checkpoint_quantization="awq",
-            **_QWEN3_32B_ARCH,
-        ),  # type: ignore[arg-type]
+        _qwen3_32b("Qwen/Qwen3-32B-AWQ", 19_340_000_000, "awq"),
     )
 }
 

@@ -100,7 +100,7 @@ def _merge_union(node: dict[str, Any]) -> dict[str, Any]:
 
 def spec_schema() -> dict[str, Any]:
     raw = QwenDeploymentSpec.model_json_schema(by_alias=True)
-    return _structural(_resolve(raw, raw.get("$defs", {})))  # type: ignore[no-any-return]
+    return _structural(_resolve(raw, raw.get("$defs", {})))
 
 
 def _condition_schema() -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from .catalog import DEFAULT_ENGINE_IMAGE, GPUS, MAX_CONTEXT
+from .catalog import DEFAULT_ENGINE_IMAGE, MAX_CONTEXT
 
 GROUP = "inference.qwenops.dev"
 VERSION = "v1alpha1"
@@ -21,7 +21,7 @@ KIND = "QwenDeployment"
 PLURAL = "qwendeployments"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-GpuType = Literal[tuple(GPUS)]  # type: ignore[valid-type]
+GpuType = Literal["A10-24GB", "L4-24GB", "L40S-48GB", "A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB"]
 Quantization = Literal["none", "fp8", "awq", "awq_marlin", "gptq", "gptq_marlin"]
 KubeObject = Annotated[
     dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})

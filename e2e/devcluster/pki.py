@@ -1,0 +1,163 @@
+"""Throw-away PKI for the dev cluster, made with ``cryptography`` (ECDSA P-256, fast to generate).
+
+Files written into the given directory:
+
+* ``ca.crt``/``ca.key``: cluster CA; signs the apiserver serving certificate.
+* ``apiserver.crt``/``apiserver.key``: serving certificate for 127.0.0.1, localhost and the in-cluster names.
+* ``front-proxy-ca.crt``, ``front-proxy-client.crt``/``.key``: lets the aggregator authenticate to an
+  aggregated API server (e.g. a custom metrics API) through the request-header flags.
+* ``sa.key``/``sa.pub``: service account token signing key pair.
+* ``tokens.csv``: static bearer token of the ``admin`` user in ``system:masters``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+SERVICE_CLUSTER_IP = "10.96.0.1"
+API_DNS_NAMES = (
+    "localhost",
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+)
+FRONT_PROXY_CLIENT_CN = "front-proxy-client"
+_VALIDITY = datetime.timedelta(days=30)
+
+
+@dataclass(frozen=True)
+class Pki:
+    """Paths of the generated files and the admin bearer token."""
+
+    dir: Path
+    admin_token: str
+
+    def path(self, name: str) -> str:
+        """Absolute path of one PKI file, as a string for command lines."""
+        return str(self.dir / name)
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    path.write_bytes(pem)
+    path.chmod(0o600)
+
+
+def _write_cert(path: Path, cert: x509.Certificate) -> None:
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _builder(
+    subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey
+) -> x509.CertificateBuilder:
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + _VALIDITY)
+    )
+
+
+def _make_ca(directory: Path, stem: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = _name(f"qwen-devcluster-{stem}")
+    cert = (
+        _builder(subject, subject, key)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
+        )
+        .sign(key, hashes.SHA256())
+    )
+    _write_cert(directory / f"{stem}.crt", cert)
+    _write_key(directory / f"{stem}.key", key)
+    return cert, key
+
+
+def _make_leaf(
+    directory: Path,
+    stem: str,
+    cn: str,
+    ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey],
+    usage: x509.ObjectIdentifier,
+    sans: list[x509.GeneralName] | None = None,
+) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (
+        _builder(_name(cn), ca[0].subject, key)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    _write_cert(directory / f"{stem}.crt", builder.sign(ca[1], hashes.SHA256()))
+    _write_key(directory / f"{stem}.key", key)
+
+
+def _serving_sans(extra_ips: list[str]) -> list[x509.GeneralName]:
+    ips = ["127.0.0.1", SERVICE_CLUSTER_IP, *extra_ips]
+    names: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in dict.fromkeys(ips)]
+    return names + [x509.DNSName(dns) for dns in API_DNS_NAMES]
+
+
+def _make_sa_keys(directory: Path) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    _write_key(directory / "sa.key", key)
+    pub = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    (directory / "sa.pub").write_bytes(pub)
+
+
+def generate(directory: Path, extra_ips: list[str]) -> Pki:
+    """Create every PKI file in ``directory``; ``extra_ips`` are added to the serving certificate."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = _make_ca(directory, "ca")
+    _make_leaf(
+        directory,
+        "apiserver",
+        "kube-apiserver",
+        ca,
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        _serving_sans(extra_ips),
+    )
+    front_proxy_ca = _make_ca(directory, "front-proxy-ca")
+    _make_leaf(
+        directory,
+        "front-proxy-client",
+        FRONT_PROXY_CLIENT_CN,
+        front_proxy_ca,
+        ExtendedKeyUsageOID.CLIENT_AUTH,
+    )
+    _make_sa_keys(directory)
+    token = secrets.token_hex(24)
+    tokens = directory / "tokens.csv"
+    tokens.write_text(f'{token},admin,admin-uid,"system:masters"\n')
+    tokens.chmod(0o600)
+    return Pki(directory, token)
+
+
+def load(directory: Path) -> Pki:
+    """The PKI previously generated in ``directory``."""
+    token = (directory / "tokens.csv").read_text().split(",", 1)[0]
+    return Pki(directory, token)

@@ -8,6 +8,7 @@ go with it through their ownerReferences, and a resync that finds nothing to do 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import threading
@@ -130,6 +131,21 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.execution.max_workers = 4
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, for log pipelines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
 def _load_kube_config() -> None:
     try:
         kubernetes.config.load_incluster_config()
@@ -139,10 +155,9 @@ def _load_kube_config() -> None:
 
 def run(namespaces: list[str], all_namespaces: bool, metrics_port: int, standalone: bool) -> int:
     """Run the operator until interrupted."""
-    logging.basicConfig(
-        level=logging.INFO,
-        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     _load_kube_config()
     _register_child_watchers()
 

@@ -1,0 +1,158 @@
+"""Invariants of the child builders, and strict schema validation of everything they render."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from qwen_operator.api.catalog import GPUS
+from qwen_operator.api.review import Review, review
+from qwen_operator.manifests import CRD_OF_KIND, ClusterFacts, build_all, build_children
+from qwen_operator.manifests.engine import Rollout, startup_seconds
+from support import EXAMPLES, load
+
+K8S_SCHEMA_VERSION = "1.36"  # the dev cluster's Kubernetes version
+
+
+def _review(path: Any = None, **spec: Any) -> Review:
+    body = load(path or EXAMPLES[0])
+    body["metadata"]["uid"] = "0b1c2d3e-0000-4000-8000-000000000001"
+    body["spec"] |= spec
+    return review(body)
+
+
+def _by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def _engine(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(o for o in _by_kind(objects, "Deployment") if o["metadata"]["name"].endswith("-engine"))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_gpu_request_is_tensor_times_pipeline(example: Any) -> None:
+    rev = _review(example)
+    container = _engine(build_all(rev))["spec"]["template"]["spec"]["containers"][0]
+    want = str(rev.plan.tensor_parallel_size * rev.plan.pipeline_parallel_size)
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == want
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == want
+    args = container["args"]
+    assert args[args.index("--tensor-parallel-size") + 1] == str(rev.plan.tensor_parallel_size)
+
+
+def test_engine_lands_on_the_gpu_pool_and_tolerates_its_taint() -> None:
+    rev = _review(gpu={"type": "H100-80GB"})
+    pod = _engine(build_all(rev))["spec"]["template"]["spec"]
+    term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ][0]
+    assert term["matchExpressions"][0]["values"] == list(GPUS["H100-80GB"].product_labels)
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+def test_user_node_selector_replaces_the_default_affinity() -> None:
+    rev = _review(gpu={"type": "A100-80GB", "nodeSelector": {"pool": "gpu-a"}})
+    pod = _engine(build_all(rev))["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "gpu-a"}
+    assert "affinity" not in pod
+
+
+def test_no_replicas_field_when_autoscaled() -> None:
+    rev = _review(replicas=None, autoscaling={"minReplicas": 1, "maxReplicas": 3})
+    objects = build_all(rev)
+    assert "replicas" not in _engine(objects)["spec"]
+    hpa = _by_kind(objects, "HorizontalPodAutoscaler")[0]
+    assert hpa["spec"]["maxReplicas"] == 3
+    assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "vllm:num_requests_waiting"
+
+
+def test_fixed_replicas_are_written() -> None:
+    assert _engine(build_all(_review(replicas=3)))["spec"]["replicas"] == 3
+
+
+def test_selectors_do_not_change_with_the_spec() -> None:
+    """Deployment selectors are immutable: no spec change may alter them."""
+    a = _engine(build_all(_review()))["spec"]["selector"]
+    b = _engine(build_all(_review(engine={"maxModelLen": 8192}, replicas=4)))["spec"]["selector"]
+    assert a == b
+
+
+def test_rollout_surges_only_with_free_gpus() -> None:
+    assert Rollout.choose(None, 2).mode == "InPlace"
+    assert Rollout.choose(1, 2).mode == "InPlace"
+    assert Rollout.choose(2, 2).mode == "Surge"
+    rev = _review()
+    strategy = _engine(build_children(rev, ClusterFacts(free_gpus=0)).objects)["spec"]["strategy"]
+    assert strategy["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+
+
+def test_startup_probe_budget_grows_with_the_weights() -> None:
+    bf16 = _review()
+    awq = _review(
+        model={"name": "Qwen/Qwen3-32B-AWQ"},
+        gpu={"type": "L40S-48GB", "gpusPerNode": 4},
+        parallelism={"tensor": 1},
+    )
+    assert startup_seconds(bf16) > startup_seconds(awq) >= 600
+    probe = _engine(build_all(bf16))["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= startup_seconds(bf16)
+
+
+def test_api_keys_come_from_secrets_never_literals() -> None:
+    rev = _review(
+        engine={"apiKeySecret": {"name": "engine-key"}},
+        model={"name": "Qwen/Qwen3-32B", "hfTokenSecret": {"name": "hf"}},
+    )
+    container = _engine(build_all(rev))["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "engine-key", "key": "token"}
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "hf"
+    assert "--api-key" not in container["args"]
+
+
+def test_missing_optional_crds_skip_their_children() -> None:
+    rev = _review(monitoring={"serviceMonitor": True, "prometheusRule": True})
+    full = {o["kind"] for o in build_all(rev)}
+    assert {"ServiceMonitor", "PrometheusRule"} <= full
+    children = build_children(rev, ClusterFacts(missing_crds=frozenset(CRD_OF_KIND.values())))
+    assert not {o["kind"] for o in children.objects} & set(CRD_OF_KIND)
+    assert any(s.startswith("ServiceMonitor") for s in children.skipped)
+
+
+def test_every_child_is_owned_and_labelled() -> None:
+    for obj in build_all(_review()):
+        meta = obj["metadata"]
+        assert meta["ownerReferences"][0]["uid"] == "0b1c2d3e-0000-4000-8000-000000000001"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "qwen-operator"
+        assert meta["labels"]["qwenops.dev/deployment"] == "chat-a100"
+
+
+def test_gateway_off_points_the_client_service_at_the_engines() -> None:
+    objects = build_all(_review(gateway={"enabled": False}))
+    service = next(o for o in _by_kind(objects, "Service") if o["metadata"]["name"] == "chat-a100")
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "engine"
+    assert not _by_kind(objects, "NetworkPolicy")
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_rendered_objects_pass_strict_schema_validation(example: Any) -> None:
+    rev = _review(example)
+    for variant in (rev, _with_everything(rev)):
+        for obj in build_all(variant):
+            if obj["kind"] in CRD_OF_KIND:
+                continue  # CRD-typed: no upstream schema in kubernetes-validate
+            clean = yaml.safe_load(yaml.safe_dump(obj))
+            kubernetes_validate.validate(clean, K8S_SCHEMA_VERSION, strict=True)
+
+
+def _with_everything(rev: Review) -> Review:
+    body = copy.deepcopy(rev.resource.model_dump(by_alias=True, exclude_none=True))
+    body["metadata"]["uid"] = "0b1c2d3e-0000-4000-8000-000000000001"
+    body["spec"]["gateway"]["ingress"] = {"host": "chat.example.com", "tlsSecretName": "chat-tls"}
+    body["spec"]["engine"]["priorityClassName"] = "gpu-high"
+    body["spec"]["model"]["cache"] = {"claimName": "qwen-weights"}
+    return review(body)

@@ -1,0 +1,161 @@
+"""The status function: conditions and reasons for every situation users must be able to tell apart."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from qwen_operator.status import CONDITION_TYPES, Observed, compute_status, transitions
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+T1 = datetime(2026, 1, 2, tzinfo=UTC)
+
+
+def cond(status: dict[str, Any], ctype: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == ctype)
+
+
+def deployment(replicas: int, ready: int, updated: int | None = None, generation: int = 1) -> dict[str, Any]:
+    return {
+        "metadata": {"generation": generation},
+        "spec": {"replicas": replicas},
+        "status": {
+            "observedGeneration": generation,
+            "replicas": replicas,
+            "readyReplicas": ready,
+            "updatedReplicas": replicas if updated is None else updated,
+        },
+    }
+
+
+def serving(**extra: Any) -> Observed:
+    base = dict(
+        generation=3,
+        plan={"kvTokensPerReplica": 294790, "maxConcurrentAtMaxModelLen": 8, "maxModelLen": 32768},
+        endpoint="http://chat.llm.svc/v1",
+        engine=deployment(2, 2),
+        gateway=deployment(2, 2),
+        pods=[
+            {
+                "metadata": {"name": "p"},
+                "status": {"conditions": [{"type": "PodScheduled", "status": "True"}]},
+            }
+        ],
+    )
+    return Observed(**(base | extra))
+
+
+def test_serving_is_ready_with_every_condition_present() -> None:
+    status = compute_status(serving(), None, T0)
+    assert [c["type"] for c in status["conditions"]] == list(CONDITION_TYPES)
+    assert cond(status, "Ready")["status"] == "True"
+    assert cond(status, "Progressing")["reason"] == "RolloutComplete"
+    assert status["phase"] == "Ready" and status["replicasSummary"] == "2/2"
+    assert status["observedGeneration"] == 3
+
+
+def test_invalid_spec() -> None:
+    status = compute_status(Observed(generation=1, spec_errors=["spec.engine.foo: unknown field"]), None, T0)
+    assert (cond(status, "ConfigValid")["status"], cond(status, "Ready")["reason"]) == (
+        "False",
+        "InvalidSpec",
+    )
+    assert status["phase"] == "Invalid"
+
+
+def test_does_not_fit() -> None:
+    status = compute_status(Observed(generation=1, plan_errors=["spec.gpu.type: weights need ..."]), None, T0)
+    assert cond(status, "CapacityFit")["status"] == "False"
+    assert cond(status, "Ready")["reason"] == "DoesNotFit"
+
+
+def test_unschedulable_pod_reports_the_scheduler_reason() -> None:
+    pending = {
+        "metadata": {"name": "chat-engine-x"},
+        "status": {
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/7 nodes are available: 2 Insufficient nvidia.com/gpu.",
+                }
+            ]
+        },
+    }
+    status = compute_status(serving(engine=deployment(1, 0), pods=[pending]), None, T0)
+    assert cond(status, "Scheduled")["status"] == "False"
+    assert "Insufficient nvidia.com/gpu" in cond(status, "Scheduled")["message"]
+    assert cond(status, "Ready")["reason"] == "Unschedulable"
+    assert status["phase"] == "Degraded"
+
+
+def test_rollout_in_progress_and_stuck() -> None:
+    rolling = compute_status(serving(engine=deployment(2, 2, updated=1)), None, T0)
+    assert cond(rolling, "Progressing")["status"] == "True"
+    assert rolling["phase"] == "Progressing"
+    stuck = deployment(2, 1, updated=1)
+    stuck["status"]["conditions"] = [
+        {
+            "type": "Progressing",
+            "status": "False",
+            "reason": "ProgressDeadlineExceeded",
+            "message": "took too long",
+        }
+    ]
+    status = compute_status(serving(engine=stuck), None, T0)
+    assert cond(status, "Progressing")["reason"] == "ProgressDeadlineExceeded"
+
+
+def test_gateway_not_ready() -> None:
+    status = compute_status(serving(gateway=deployment(2, 0)), None, T0)
+    assert cond(status, "Ready")["reason"] == "GatewayNotReady"
+
+
+def test_hpa_without_metric_is_not_scaling_ready() -> None:
+    hpa = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "ScalingActive",
+                    "status": "False",
+                    "reason": "FailedGetPodsMetric",
+                    "message": "unable to get metric vllm:num_requests_waiting",
+                }
+            ]
+        }
+    }
+    status = compute_status(serving(autoscaling=True, hpa=hpa), None, T0)
+    scaling = cond(status, "ScalingReady")
+    assert (scaling["status"], scaling["reason"]) == ("False", "FailedGetPodsMetric")
+
+
+def test_monitoring_crd_missing() -> None:
+    status = compute_status(
+        serving(monitoring_requested=True, skipped=["ServiceMonitor chat-engine (x)"]), None, T0
+    )
+    monitoring = cond(status, "MonitoringReady")
+    assert (monitoring["status"], monitoring["reason"]) == ("False", "CRDNotInstalled")
+
+
+def test_transition_time_only_moves_on_change() -> None:
+    first = compute_status(serving(), None, T0)
+    again = compute_status(serving(), first, T1)
+    assert again == first, "an unchanged world must give an identical status (no write)"
+    degraded = compute_status(serving(engine=deployment(2, 0)), first, T1)
+    assert cond(degraded, "Ready")["lastTransitionTime"] == "2026-01-02T00:00:00Z"
+    assert cond(degraded, "ConfigValid")["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert [c["type"] for c in transitions(first, degraded)] == ["Ready", "Progressing"]
+
+
+def test_no_nulls_in_status() -> None:
+    def walk(value: Any) -> None:
+        assert value is not None
+        if isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    walk(compute_status(Observed(generation=None, spec_errors=["x"]), None, T0))

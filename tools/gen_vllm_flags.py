@@ -19,9 +19,8 @@ def main() -> None:
         takes_value = not isinstance(
             action, argparse._StoreTrueAction | argparse._StoreFalseAction | argparse.BooleanOptionalAction
         ) and action.nargs != 0
-        for option in action.option_strings:
-            if option.startswith("--") or len(option) == 2:
-                flags[option] = takes_value
+        for option in action.option_strings:  # every spelling: --long, -q, and short forms like -tp, -ep
+            flags[option] = takes_value
     print(json.dumps({"vllm": vllm.__version__, "flags": dict(sorted(flags.items()))}, indent=1))
 
 

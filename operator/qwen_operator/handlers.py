@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import threading
-from collections import defaultdict
 from typing import Any, cast
 
 import kopf
@@ -28,7 +27,6 @@ from .status import transitions
 log = logging.getLogger("qwen_operator")
 
 RESYNC_SECONDS = float(os.environ.get("QWEN_OPERATOR_RESYNC_SECONDS", "300"))
-_locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
 _cluster: Cluster | None = None
 _healthy = threading.Event()
 
@@ -40,25 +38,59 @@ def cluster() -> Cluster:
     return _cluster
 
 
+class Coalescer:
+    """Runs one reconcile per object at a time; triggers that arrive meanwhile collapse into one rerun.
+
+    A rollout produces dozens of child watch events per second; reconciling once per event would
+    queue work faster than it drains. The thread that finds an object idle runs it; others just mark
+    it dirty and return.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[tuple[str, str]] = set()
+        self._dirty: set[tuple[str, str]] = set()
+
+    def trigger(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            if key in self._running:
+                self._dirty.add(key)
+                return
+            self._running.add(key)
+        try:
+            while True:
+                body = _fetch(*key)  # always the newest version, whoever triggered
+                if body is not None:
+                    reconcile_object(body)
+                with self._lock:
+                    if key not in self._dirty:
+                        return
+                    self._dirty.discard(key)
+        finally:
+            with self._lock:
+                self._running.discard(key)
+                self._dirty.discard(key)
+
+
+_coalescer = Coalescer()
+
+
 def reconcile_object(body: dict[str, Any]) -> None:
-    """Reconcile one QwenDeployment body; serialised per object across watch streams."""
+    """Reconcile one QwenDeployment body and write its status when it changed."""
     meta = body["metadata"]
     if meta.get("deletionTimestamp"):
         return
     key = (meta["namespace"], meta["name"])
-    with _locks[key]:
-        result = reconcile(cluster(), body)
-        old = body.get("status")
-        if old != result.status:
-            cluster().patch_status(
-                meta["namespace"], meta["name"], PLURAL, f"{GROUP}/{VERSION}", result.status
-            )
-            for cond in transitions(old, result.status):
-                _event(body, cond)
-        ready = next(c for c in result.status["conditions"] if c["type"] == "Ready")["status"] == "True"
-        DEPLOYMENTS_READY.labels(*key).set(1 if ready else 0)
-        for write in result.writes:
-            log.info("%s/%s: %s", *key, write)
+    result = reconcile(cluster(), body)
+    old = body.get("status")
+    if old != result.status:
+        cluster().patch_status(meta["namespace"], meta["name"], PLURAL, f"{GROUP}/{VERSION}", result.status)
+        for cond in transitions(old, result.status):
+            _event(body, cond)
+    ready = next(c for c in result.status["conditions"] if c["type"] == "Ready")["status"] == "True"
+    DEPLOYMENTS_READY.labels(*key).set(1 if ready else 0)
+    for write in result.writes:
+        log.info("%s/%s: %s", *key, write)
 
 
 def _event(body: dict[str, Any], cond: dict[str, Any]) -> None:
@@ -80,19 +112,15 @@ def _fetch(namespace: str, name: str) -> dict[str, Any] | None:
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def on_qwendeployment(body: kopf.Body, type: str | None, **_: Any) -> None:
-    if type == "DELETED":
-        return
-    reconcile_object(_fetch(body["metadata"]["namespace"], body["metadata"]["name"]) or dict(body))
+    if type != "DELETED":
+        _coalescer.trigger((body["metadata"]["namespace"], body["metadata"]["name"]))
 
 
-def _on_child(body: kopf.Body, type: str | None, **_: Any) -> None:
+def _on_child(body: kopf.Body, **_: Any) -> None:
     """A child changed or vanished: reconcile its owner (reverts hand edits, recreates deletions)."""
     owner = body["metadata"].get("labels", {}).get(f"{LABEL_PREFIX}/deployment")
-    if not owner:
-        return
-    parent = _fetch(body["metadata"]["namespace"], owner)
-    if parent is not None:
-        reconcile_object(parent)
+    if owner:
+        _coalescer.trigger((body["metadata"]["namespace"], owner))
 
 
 _CHILD_LABELS = {"app.kubernetes.io/managed-by": MANAGED_BY}
@@ -113,8 +141,9 @@ async def _resync_forever(namespaces: list[str]) -> None:
         ]
         for path in paths:
             for item in await asyncio.to_thread(cluster().list_items, path):
+                key = (item["metadata"]["namespace"], item["metadata"]["name"])
                 try:
-                    await asyncio.to_thread(reconcile_object, item)
+                    await asyncio.to_thread(_coalescer.trigger, key)
                 except Exception:  # one broken object must not stop the resync of the others
                     log.exception(
                         "resync of %s/%s failed", item["metadata"]["namespace"], item["metadata"]["name"]
@@ -158,6 +187,7 @@ def run(namespaces: list[str], all_namespaces: bool, metrics_port: int, standalo
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=logging.INFO, handlers=[handler])
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one "succeeded" line per watch event
     _load_kube_config()
     _register_child_watchers()
 

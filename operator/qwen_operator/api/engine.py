@@ -57,6 +57,9 @@ OWNED_FLAGS: dict[str, str] = {
     "--no-enable-auto-tool-choice": "spec.engine.toolCalling",
     "--tool-call-parser": "spec.engine.toolCalling",
     "--download-dir": "spec.model.cache",
+    # These replace the memory accounting the capacity plan is built on.
+    "--kv-cache-memory-bytes": "spec.engine.gpuMemoryUtilization (the capacity plan)",
+    "--num-gpu-blocks-override": "spec.engine.gpuMemoryUtilization (the capacity plan)",
 }
 
 #: Flags refused in extraArgs for another reason than a field owning them.

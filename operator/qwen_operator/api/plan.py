@@ -247,8 +247,9 @@ def _check_speculative(plan: Plan, spec: QwenDeploymentSpec) -> None:
     spec_dec = spec.engine.speculative
     if spec_dec is None or spec_dec.method == "ngram":
         return
-    if spec_dec.method == "draft_model" and spec_dec.model not in DRAFT_MODEL_BYTES:
+    if spec_dec.model not in DRAFT_MODEL_BYTES:  # draft models and EAGLE-3 heads alike hold GPU memory
+        kind = "draft model" if spec_dec.method == "draft_model" else f"{spec_dec.method} head"
         plan.warn(
             "spec.engine.speculative.model",
-            f"draft model {spec_dec.model!r} is not in the catalog: its memory is not in this plan",
+            f"{kind} {spec_dec.model!r} is not in the catalog: its memory is not in this plan",
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
@@ -26,8 +26,16 @@ Quantization = Literal["none", "fp8", "awq", "awq_marlin", "gptq", "gptq_marlin"
 KubeObject = Annotated[
     dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
 ]
+
+
+def _number_as_string(value: Any) -> Any:
+    # The CRD declares quantities int-or-string, as Kubernetes does: `cpu: 8` is as valid as `cpu: "8"`.
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
 Quantity = Annotated[
     str,
+    BeforeValidator(_number_as_string),
     Field(
         pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$",
         json_schema_extra={"x-kubernetes-int-or-string": True},

@@ -1,0 +1,108 @@
+{{/* Names, labels and the image reference shared by every template. */}}
+
+{{- define "qwen-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: the release name, plus the chart name when the release name does not contain it. */}}
+{{- define "qwen-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := include "qwen-operator.name" . }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "qwen-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "qwen-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "qwen-operator.labels" -}}
+{{ include "qwen-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: qwen-operator
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end }}
+
+{{- define "qwen-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "qwen-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* repository@digest when a digest is set, else repository:tag (tag defaults to appVersion). */}}
+{{- define "qwen-operator.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Namespaces whose QwenDeployments the operator reconciles (namespaced scope only). */}}
+{{- define "qwen-operator.watchNamespaces" -}}
+{{- if and (eq .Values.operator.scope "namespaced") (not .Values.operator.watchNamespaces) }}
+{{- fail "operator.watchNamespaces needs at least one namespace when operator.scope is namespaced" }}
+{{- end }}
+{{- toJson .Values.operator.watchNamespaces }}
+{{- end }}
+
+{{/*
+Rules for the objects the operator reads and writes in the namespaces it watches: granted by a
+ClusterRole in cluster scope, by a Role per watched namespace in namespaced scope.
+The operator creates a Role granting pods get/list/watch (for the gateway's endpoint discovery), so it
+holds exactly those pod verbs itself; it never needs bind or escalate.
+*/}}
+{{- define "qwen-operator.namespacedRules" -}}
+- apiGroups: ["inference.qwenops.dev"]
+  resources: ["qwendeployments"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+- apiGroups: ["inference.qwenops.dev"]
+  resources: ["qwendeployments/status"]
+  verbs: ["get", "patch", "update"]
+- apiGroups: [""]
+  resources: ["services", "configmaps", "serviceaccounts"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies", "ingresses"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["httproutes"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: ["monitoring.coreos.com"]
+  resources: ["servicemonitors", "podmonitors", "prometheusrules"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: ["keda.sh"]
+  resources: ["scaledobjects"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+{{- end }}

@@ -1,0 +1,22 @@
+"""Shared pytest options and fixtures of the tests/ suite."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        default=False,
+        help="rewrite the golden files under tests/golden/ instead of comparing (or env UPDATE_GOLDEN=1)",
+    )
+
+
+@pytest.fixture(scope="session")
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    """True when golden files are to be rewritten (--update-golden or UPDATE_GOLDEN=1)."""
+    return bool(request.config.getoption("--update-golden")) or os.environ.get("UPDATE_GOLDEN") == "1"

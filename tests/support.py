@@ -1,0 +1,74 @@
+"""Helpers of the API tests: paths, example and bad resources, running the real `qwen-operator` CLI."""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+BAD_CRS = sorted((REPO / "tests" / "bad-crs").glob("*.yaml"))
+GOLDEN = REPO / "tests" / "golden"
+CRD_FILE = REPO / "crds" / "inference.qwenops.dev_qwendeployments.yaml"
+
+
+def cli_path() -> Path:
+    """The installed console script of the Python running the tests (the project venv's)."""
+    here = Path(sys.executable).parent / "qwen-operator"
+    return here if here.exists() else REPO / ".venv" / "bin" / "qwen-operator"
+
+
+def run_cli(*args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run `qwen-operator ARGS` as a user would; never raises on a non-zero exit."""
+    return subprocess.run(
+        [str(cli_path()), *args], input=stdin, capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
+
+
+def load(path: Path) -> dict[str, Any]:
+    """The first document of a YAML file."""
+    return yaml.safe_load(path.read_text())  # type: ignore[no-any-return]
+
+
+def example(name: str) -> dict[str, Any]:
+    """A fresh copy of examples/<name>.yaml, safe to mutate."""
+    return copy.deepcopy(load(REPO / "examples" / f"{name}.yaml"))
+
+
+@dataclass(frozen=True)
+class BadCr:
+    """One file of the bad-resource corpus and what must be said about it."""
+
+    path: Path
+    field: str  # field path the CLI must name
+    message: str  # substring of the CLI's message
+    server: tuple[str, str] | None  # (field path, message substring) the API server must answer, if any
+
+    @property
+    def id(self) -> str:
+        return self.path.stem
+
+
+_EXPECT = re.compile(r"^# expect: (?P<field>\S+): (?P<message>.+)$")
+_SERVER = re.compile(r"^# server: rejects: (?P<field>\S+): (?P<message>.+)$")
+
+
+def bad_cr(path: Path) -> BadCr:
+    """Read the leading `# expect: FIELD: MESSAGE` (and optional `# server: rejects: FIELD: MESSAGE`)."""
+    lines = path.read_text().splitlines()
+    expect = _EXPECT.match(lines[0])
+    assert expect, f"{path.name}: the first line must be '# expect: <field path>: <message substring>'"
+    server = next((m for m in map(_SERVER.match, lines[1:4]) if m), None)
+    return BadCr(
+        path=path,
+        field=expect["field"],
+        message=expect["message"].strip(),
+        server=(server["field"], server["message"].strip()) if server else None,
+    )

@@ -1,0 +1,265 @@
+"""`qwen-operator plan`, `render` and `crd`, run as the installed console script (a subprocess).
+
+Golden files: tests/golden/plan/<example>.json hold the `plan -o json` output of each example; rewrite
+them with `pytest --update-golden` (or UPDATE_GOLDEN=1) and review the diff.
+
+The bad-resource corpus: tests/bad-crs/NN-name.yaml, each starting with
+    # expect: <field path>: <message substring>
+and, when the API server's schema or CEL rules catch it too (e2e/test_crd.py checks that),
+    # server: rejects: <field path>: <message substring>
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from qwen_operator.api.crd import crd
+from qwen_operator.api.review import review
+from support import BAD_CRS, CRD_FILE, EXAMPLES, GOLDEN, BadCr, bad_cr, load, run_cli
+
+PLAN_KEYS = {
+    "fits",
+    "tensorParallelSize",
+    "gpusPerReplica",
+    "weightsGiBPerGpu",
+    "kvBytesPerToken",
+    "kvTokensPerReplica",
+    "maxModelLen",
+    "maxConcurrentAtMaxModelLen",
+    "engineArgs",
+    "warnings",
+    "errors",
+}
+
+
+# --- plan on the examples: golden files ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_plan_json_matches_golden(path: Path, update_golden: bool) -> None:
+    result = run_cli("plan", "-f", str(path), "-o", "json")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    golden = GOLDEN / "plan" / f"{path.stem}.json"
+    if update_golden:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(result.stdout)
+    assert golden.exists(), f"{golden} is missing: run pytest --update-golden"
+    assert json.loads(result.stdout) == json.loads(golden.read_text()), (
+        "run pytest --update-golden if intended"
+    )
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_plan_json_has_the_documented_keys(path: Path) -> None:
+    plan = json.loads((GOLDEN / "plan" / f"{path.stem}.json").read_text())
+    assert set(plan) >= PLAN_KEYS
+    assert plan["fits"] is True and plan["errors"] == []
+    assert plan["engineArgs"] == review(load(path)).command
+
+
+def test_a100_golden_numbers_by_hand() -> None:
+    plan = json.loads((GOLDEN / "plan" / "a100-80gb-tp2-bf16.json").read_text())
+    # bf16 weights 65.53e9 B / 2 GPUs = 32.765e9 B = 30.51 GiB per GPU
+    assert plan["weightsGiBPerGpu"] == 30.51
+    # usable 80 GiB (81,920 MiB) x 0.9 = 72 GiB; minus 30.51 GiB weights and 5.5 GiB overhead = 35.99 GiB
+    assert plan["kvCacheGiBPerGpu"] == 35.99
+    # KV per token 2 (K,V) x 64 layers x 8 KV heads x 128 head_dim x 2 B = 262,144 B
+    assert plan["kvBytesPerToken"] == 262_144
+    # tokens = budget x 2 GPUs / 262,144 = 38,638,831,296 x 2 / 262,144 = 294,790.9 -> 294,790
+    assert plan["kvTokensPerReplica"] == 294_790
+    # 294,790 // 32,768 = 8 requests of the full 32K context at once
+    assert plan["maxConcurrentAtMaxModelLen"] == 8
+    assert (plan["tensorParallelSize"], plan["gpusPerReplica"], plan["maxModelLen"]) == (2, 2, 32_768)
+
+
+def test_plan_table_output() -> None:
+    result = run_cli("plan", "-f", str(EXAMPLES[0]))
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split("  ", 1) for line in result.stdout.splitlines() if "  " in line)
+    assert lines["Fits"].strip() == "yes"
+    assert lines["KV bytes per token"].strip() == "262,144"
+    assert lines["KV tokens per replica"].strip() == "294,790"
+    assert "Engine: python3 -m vllm.entrypoints.openai.api_server --model Qwen/Qwen3-32B" in result.stdout
+
+
+def test_plan_table_quotes_json_arguments() -> None:
+    result = run_cli("plan", "-f", str(next(p for p in EXAMPLES if "128k" in p.name)))
+    assert result.returncode == 0
+    assert "(YaRN x4)" in result.stdout
+    assert '--hf-overrides \'{"max_position_embeddings":131072,' in result.stdout
+
+
+def test_plan_reads_stdin_and_every_document() -> None:
+    text = "\n---\n".join(path.read_text() for path in EXAMPLES)
+    result = run_cli("plan", "-f", "-", "-o", "json", stdin=text)
+    assert result.returncode == 0, result.stderr
+    plans = json.loads(result.stdout)
+    assert [p["model"] for p in plans] == [load(path)["spec"]["model"]["name"] for path in EXAMPLES]
+
+
+def test_one_bad_document_fails_the_file() -> None:
+    text = EXAMPLES[0].read_text() + "\n---\n" + (BAD_CRS[0]).read_text()
+    result = run_cli("plan", "-f", "-", stdin=text)
+    assert result.returncode == 1
+    assert "error: -: QwenDeployment bad-01: spec.parallelism.tensor: " in result.stderr
+
+
+def test_plan_of_a_spec_that_does_not_fit_prints_the_plan_and_fails() -> None:
+    path = next(p for p in BAD_CRS if p.name.startswith("03-"))
+    result = run_cli("plan", "-f", str(path), "-o", "json")
+    assert result.returncode == 1
+    plan = json.loads(result.stdout)
+    assert plan["fits"] is False and plan["engineArgs"] == []
+    assert plan["errors"] == [
+        line.split(": QwenDeployment bad-03: ", 1)[1] for line in result.stderr.splitlines()
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "message"),
+    [
+        (["plan", "-f", "/nonexistent.yaml"], None, "error: /nonexistent.yaml: No such file or directory"),
+        (
+            ["render", "-f", "-"],
+            "kind: Deployment\napiVersion: apps/v1\n",
+            "error: -: no QwenDeployment in the file",
+        ),
+        (["plan", "-f", "-"], "a: [b\n", "error: -: not valid YAML"),
+        (["plan", "-f", "-"], "", "error: -: no QwenDeployment in the file"),
+    ],
+)
+def test_usage_errors_exit_2(args: list[str], stdin: str | None, message: str) -> None:
+    result = run_cli(*args, stdin=stdin)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_render_examples() -> None:
+    for path in EXAMPLES:
+        result = run_cli("render", "-f", str(path))
+        assert result.returncode == 0, f"{path.name}: {result.stderr}"
+        objects = [o for o in yaml.safe_load_all(result.stdout) if o]
+        command = review(load(path)).command
+        containers = [
+            c
+            for o in objects
+            if o["kind"] == "Deployment"
+            for c in o["spec"]["template"]["spec"]["containers"]
+        ]
+        assert [c["command"] + c["args"] for c in containers if "command" in c and "args" in c].count(
+            command
+        ) == 1
+
+
+# --- the bad-resource corpus -----------------------------------------------------------------------
+
+
+def test_the_corpus_is_large_enough() -> None:
+    assert len(BAD_CRS) >= 25
+    assert len({p.name[:2] for p in BAD_CRS}) == len(BAD_CRS), "numbers must be unique"
+
+
+@pytest.fixture(scope="module")
+def corpus_results() -> dict[tuple[str, str], subprocess.CompletedProcess[str]]:
+    """`plan` and `render` on every corpus file, run a few at a time (each is a fresh CLI process)."""
+    jobs = [(path, command) for path in BAD_CRS for command in ("plan", "render")]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = pool.map(lambda job: run_cli(job[1], "-f", str(job[0])), jobs)
+        return {(path.name, command): result for (path, command), result in zip(jobs, results, strict=True)}
+
+
+def _names_field(stderr: str, case: BadCr) -> bool:
+    """Some error line names the field path and, after it, says the expected message."""
+    for line in stderr.splitlines():
+        at = line.find(f": {case.field}: ")
+        if line.startswith("error: ") and at >= 0 and case.message in line[at:]:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("path", BAD_CRS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("command", ["plan", "render"])
+def test_bad_resource_is_refused(
+    path: Path, command: str, corpus_results: dict[tuple[str, str], subprocess.CompletedProcess[str]]
+) -> None:
+    case = bad_cr(path)
+    result = corpus_results[(path.name, command)]
+    assert result.returncode == 1, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert _names_field(result.stderr, case), f"want '{case.field}: ...{case.message}' in:\n{result.stderr}"
+    if command == "render":
+        assert result.stdout == "", "nothing may be rendered from an invalid resource"
+
+
+# --- the CRD ---------------------------------------------------------------------------------------
+
+
+def test_checked_in_crd_is_up_to_date() -> None:
+    result = run_cli("crd")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == CRD_FILE.read_text(), "crds/ is stale: run `make generate`"
+
+
+def test_crd_is_a_valid_custom_resource_definition() -> None:
+    kubernetes_validate.validate(crd(), kubernetes_validate.latest_version(), strict=True)
+
+
+def test_crd_schema_is_structural() -> None:
+    """No $ref/anyOf/oneOf/default left; every object node says what it holds."""
+
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, list):
+            for i, child in enumerate(node):
+                walk(child, f"{path}[{i}]")
+            return
+        if not isinstance(node, dict):
+            return
+        for banned in ("$ref", "anyOf", "oneOf", "allOf", "default", "const", "$defs", "title"):
+            assert banned not in node, f"{path}: {banned}"
+        if "exclusiveMinimum" in node or "exclusiveMaximum" in node:
+            assert all(
+                isinstance(node.get(k, True), bool) for k in ("exclusiveMinimum", "exclusiveMaximum")
+            ), path
+        if node.get("type") == "object" and path != ".metadata":  # the API server owns metadata's schema
+            assert (
+                "properties" in node
+                or "additionalProperties" in node
+                or node.get("x-kubernetes-preserve-unknown-fields")
+            ), path
+        for key, child in node.items():
+            if key == "properties":
+                for name, prop in child.items():
+                    walk(prop, f"{path}.{name}")
+            elif key != "x-kubernetes-validations":
+                walk(child, f"{path}/{key}")
+
+    walk(crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"], "")
+
+
+def test_crd_cel_rules() -> None:
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    top = {r["fieldPath"]: r["message"] for r in spec["x-kubernetes-validations"]}
+    assert top[".replicas"] == "set either replicas or autoscaling, not both"
+    assert (
+        top[".autoscaling.minReplicas"] == "autoscaling.minReplicas must not exceed autoscaling.maxReplicas"
+    )
+    autoscaling = {
+        r["fieldPath"]: r["rule"] for r in spec["properties"]["autoscaling"]["x-kubernetes-validations"]
+    }
+    assert "keda" in autoscaling[".prometheusAddress"]
+    speculative = spec["properties"]["engine"]["properties"]["speculative"]
+    assert speculative["properties"]["method"]["enum"] == ["ngram", "draft_model", "eagle3"]
+    messages = [r["message"] for r in speculative["x-kubernetes-validations"]]
+    assert (
+        "method ngram accepts only: method, numSpeculativeTokens, promptLookupMax, promptLookupMin"
+        in messages
+    )
+    assert "method draft_model needs model" in messages
+    assert "promptLookupMin must not exceed promptLookupMax" in messages

@@ -1,0 +1,271 @@
+"""The vLLM command line rendered from a QwenDeployment, and the offline checks of engine.extraArgs.
+
+The same command lines are parsed by the real vLLM 0.32 in test_real_parser.py; here they are pinned
+flag by flag, without vLLM installed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from qwen_operator.api.catalog import DEFAULT_ENGINE_IMAGE, VLLM_VERSION
+from qwen_operator.api.engine import (
+    ENGINE_MODULE,
+    OWNED_FLAGS,
+    REFUSED_FLAGS,
+    check_extra_args,
+    command_line,
+    engine_args,
+    vllm_flags,
+)
+from qwen_operator.api.plan import make_plan
+from qwen_operator.api.review import review
+from qwen_operator.api.spec import QwenDeploymentSpec, parse
+from support import EXAMPLES, example, load
+
+
+def spec_of(**engine: Any) -> QwenDeploymentSpec:
+    body = example("a100-80gb-tp2-bf16")
+    body["spec"]["engine"] = engine
+    return parse(body).spec
+
+
+def args_of(spec: QwenDeploymentSpec) -> list[str]:
+    return engine_args(spec, make_plan(spec))
+
+
+def value(args: list[str], flag: str) -> str:
+    assert args.count(flag) == 1, f"{flag} appears {args.count(flag)} times in {args}"
+    return args[args.index(flag) + 1]
+
+
+def test_a100_example_command_line_in_full() -> None:
+    spec = parse(example("a100-80gb-tp2-bf16")).spec
+    assert command_line(spec, make_plan(spec)) == [
+        "python3", "-m", "vllm.entrypoints.openai.api_server",
+        "--model", "Qwen/Qwen3-32B",
+        "--served-model-name", "Qwen/Qwen3-32B",
+        "--host", "0.0.0.0",
+        "--port", "8000",
+        "--tensor-parallel-size", "2",
+        "--pipeline-parallel-size", "1",
+        "--max-model-len", "32768",
+        "--max-num-seqs", "128",
+        "--max-num-batched-tokens", "8192",
+        "--gpu-memory-utilization", "0.9",
+        "--enable-chunked-prefill",
+        "--enable-prefix-caching",
+        "--kv-cache-dtype", "auto",
+        "--reasoning-parser", "qwen3",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser", "hermes",
+    ]  # fmt: skip
+
+
+def test_h100_example_yarn_and_speculation() -> None:
+    spec = parse(example("h100-80gb-tp2-fp8-128k")).spec
+    args = args_of(spec)
+    assert value(args, "--quantization") == "fp8"
+    assert value(args, "--kv-cache-dtype") == "fp8"
+    assert value(args, "--max-model-len") == "131072"
+    assert json.loads(value(args, "--hf-overrides")) == {
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 32768,
+            "rope_theta": 1_000_000.0,
+        },
+        "max_position_embeddings": 131072,
+    }
+    assert json.loads(value(args, "--speculative-config")) == {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
+    }
+
+
+@pytest.mark.parametrize(("length", "factor"), [(40_000, 2.0), (65_536, 2.0), (100_000, 4.0), (131_072, 4.0)])
+def test_yarn_overrides_are_consistent(length: int, factor: float) -> None:
+    overrides = json.loads(value(args_of(spec_of(maxModelLen=length)), "--hf-overrides"))
+    assert overrides["rope_parameters"]["factor"] == factor
+    # transformers checks max_position_embeddings / original == factor; vLLM 0.32 reads
+    # max_position_embeddings as the scaled window and refuses a --max-model-len above it.
+    assert overrides["max_position_embeddings"] == int(factor * 32_768) >= length
+
+
+def test_no_yarn_within_the_native_window() -> None:
+    assert "--hf-overrides" not in args_of(spec_of(maxModelLen=32_768))
+
+
+def test_each_field_maps_to_its_flag() -> None:
+    body = example("a100-80gb-tp2-bf16")
+    body["spec"]["model"] |= {"revision": "abc123", "servedModelName": "qwen3"}
+    body["spec"]["parallelism"] = {"tensor": 4, "pipeline": 2}
+    body["spec"]["engine"] = {
+        "maxModelLen": 16_384,
+        "maxNumSeqs": 32,
+        "maxNumBatchedTokens": 16_384,
+        "enableChunkedPrefill": False,
+        "enablePrefixCaching": False,
+        "gpuMemoryUtilization": 0.85,
+        "quantization": "fp8",
+        "reasoning": {"enabled": False},
+        "toolCalling": {"parser": "qwen3_xml"},
+        "extraArgs": ["--enforce-eager", "--seed", "7"],
+    }
+    spec = parse(body).spec
+    args = args_of(spec)
+    assert value(args, "--revision") == "abc123"
+    assert value(args, "--served-model-name") == "qwen3"
+    assert value(args, "--tensor-parallel-size") == "4"
+    assert value(args, "--pipeline-parallel-size") == "2"
+    assert value(args, "--max-model-len") == "16384"
+    assert value(args, "--max-num-seqs") == "32"
+    assert value(args, "--max-num-batched-tokens") == "16384"
+    assert value(args, "--gpu-memory-utilization") == "0.85"
+    assert value(args, "--quantization") == "fp8"
+    assert value(args, "--tool-call-parser") == "qwen3_xml"
+    assert "--no-enable-chunked-prefill" in args and "--enable-chunked-prefill" not in args
+    assert "--no-enable-prefix-caching" in args and "--enable-prefix-caching" not in args
+    assert "--reasoning-parser" not in args
+    assert args[-3:] == ["--enforce-eager", "--seed", "7"]  # extraArgs last, unchanged
+
+
+def test_tool_calling_off() -> None:
+    args = args_of(spec_of(toolCalling={"enabled": False}))
+    assert "--enable-auto-tool-choice" not in args and "--tool-call-parser" not in args
+
+
+def test_no_api_key_on_the_command_line() -> None:
+    # The key comes from the VLLM_API_KEY env var (a Secret), never from argv where `ps` shows it.
+    args = args_of(spec_of(apiKeySecret={"name": "engine-key"}))
+    assert "--api-key" not in args
+
+
+@pytest.mark.parametrize(
+    ("speculative", "config"),
+    [
+        ({"method": "ngram"}, {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                               "prompt_lookup_min": 2}),
+        ({"method": "draft_model", "model": "Qwen/Qwen3-0.6B", "numSpeculativeTokens": 5},
+         {"method": "draft_model", "model": "Qwen/Qwen3-0.6B", "num_speculative_tokens": 5}),
+        ({"method": "eagle3", "model": "org/qwen3-32b-eagle3"},
+         {"method": "eagle3", "model": "org/qwen3-32b-eagle3", "num_speculative_tokens": 3}),
+    ],
+)  # fmt: skip
+def test_speculative_config(speculative: dict[str, Any], config: dict[str, Any]) -> None:
+    assert json.loads(value(args_of(spec_of(speculative=speculative)), "--speculative-config")) == config
+
+
+def test_quantization_defaults_to_the_checkpoint() -> None:
+    awq = example("l40s-48gb-tp1-awq")
+    del awq["spec"]["engine"]["quantization"]
+    assert value(args_of(parse(awq).spec), "--quantization") == "awq"
+    assert "--quantization" not in args_of(spec_of(quantization="none"))
+
+
+def test_every_rendered_flag_is_in_the_pinned_flag_table() -> None:
+    known = vllm_flags()
+    for path in EXAMPLES:
+        r = review(load(path))
+        assert r.command[:3] == list(ENGINE_MODULE)
+        for arg in r.command[3:]:
+            if arg.startswith("--"):
+                assert arg in known, f"{path.name}: {arg}"
+
+
+def test_default_image_is_the_pinned_vllm_version() -> None:
+    assert f"vllm/vllm-openai:v{VLLM_VERSION}" == DEFAULT_ENGINE_IMAGE
+    from importlib import resources
+
+    table = json.loads(resources.files("qwen_operator.api").joinpath("vllm_flags.json").read_text())
+    assert table["vllm"] == VLLM_VERSION
+
+
+def test_owned_flags_exist_in_vllm() -> None:
+    known = vllm_flags()
+    assert set(OWNED_FLAGS) <= set(known)
+    assert set(REFUSED_FLAGS) <= set(known)
+
+
+# --- extraArgs -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["--enforce-eager"],
+        ["--no-enforce-eager"],
+        ["--seed", "-1"],
+        ["--seed=7"],
+        ["--long-prefill-token-threshold", "2048", "--async-scheduling"],
+        ["--max_logprobs", "5"],  # underscores, as vLLM's parser accepts them
+        ["--compilation-config", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'],
+        ["--compilation-config.cudagraph_mode", "FULL_AND_PIECEWISE"],  # one key of a JSON flag
+        ["-cc.mode=3"],
+        ["-O3"],
+        ["-O", "2"],
+        ["-ep"],  # short forms longer than one letter
+        ["-asc", "2"],
+        ["--limit-mm-per-prompt", '{"image": 0}'],
+    ],
+)
+def test_extra_args_accepted(args: list[str]) -> None:
+    assert check_extra_args(args) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "index", "message"),
+    [
+        (["--max-model-len", "65536"], 0, "--max-model-len is set by the operator from spec.engine.maxMod"),
+        (["--max_model_len=65536"], 0, "--max-model-len is set by the operator from spec.engine.maxModelLen"),
+        (["--enforce-eager", "-tp", "4"], 1, "-tp is set by the operator from spec.parallelism.tensor"),
+        (["-q", "awq"], 0, "-q is set by the operator from spec.engine.quantization"),
+        (["--speculative-config.method", "ngram"], 0, "--speculative-config is set by the operator"),
+        (["-sc.num_speculative_tokens=2"], 0, "-sc is set by the operator from spec.engine.speculative"),
+        (["--spec-method", "ngram"], 0, "--spec-method is set by the operator from spec.engine.speculative"),
+        (["--device-memory-utilization", "0.9"], 0, "by the operator from spec.engine.gpuMemoryUtilization"),
+        (["--no-enable-auto-tool-choice"], 0, "set by the operator from spec.engine.toolCalling"),
+        (["--hf-overrides", "{}"], 0, "--hf-overrides is set by the operator from spec.engine.maxModelLen"),
+        (["--api-key", "k"], 0, "--api-key is set by the operator from spec.engine.apiKeySecret"),
+        (["--port", "9000"], 0, "--port is set by the operator"),
+        (["--config", "/etc/vllm.yaml"], 0, "--config is refused: a config file could set the flags"),
+        (["--help"], 0, "--help is refused"),
+        (["--enforce-eagr"], 0, "--enforce-eagr is not a flag of vLLM 0.32.0 (did you mean --enforce-eager"),
+        (["--rope-scaling", "{}"], 0, "--rope-scaling is not a flag of vLLM 0.32.0"),
+        (["--speculative-model", "x"], 0, "--speculative-model is not a flag of vLLM 0.32.0"),
+        (["--max-model", "4096"], 0, "--max-model is not a flag"),  # vLLM would read it as --max-model-len
+        (["8"], 0, "'8' is not a flag and follows no flag that takes a value"),
+        (["--enforce-eager", "true"], 1, "'true' is not a flag and follows no flag that takes a value"),
+        (["--enforce-eager=true"], 0, "--enforce-eager takes no value"),
+        (["--enforce-eager.x", "1"], 0, "--enforce-eager takes no value, so it has no keys to set"),
+        (["--seed"], 0, "--seed needs a value"),
+        (["--seed", "--enforce-eager"], 0, "--seed needs a value"),
+        (["--enforce-eager", "Qwen/Qwen3-8B"], 1, "'Qwen/Qwen3-8B' is not a flag"),  # the positional model
+    ],
+)  # fmt: skip
+def test_extra_args_refused(args: list[str], index: int, message: str) -> None:
+    found = check_extra_args(args)
+    assert any(path == f"spec.engine.extraArgs[{index}]" and message in text for path, text in found), found
+
+
+def test_an_unknown_flag_with_a_value_is_one_problem() -> None:
+    assert len(check_extra_args(["--no-such-flag", "3"])) == 1
+
+
+def test_extra_args_problems_make_the_plan_fail() -> None:
+    body = example("a100-80gb-tp2-bf16")
+    body["spec"]["engine"] = {"extraArgs": ["--enforce-eager", "--max-num-seqs", "4"]}
+    r = review(body)
+    assert not r.ok and r.command == []
+    assert r.plan.errors == [
+        (
+            "spec.engine.extraArgs[1]",
+            "--max-num-seqs is set by the operator from spec.engine.maxNumSeqs; use that field",
+        )
+    ]

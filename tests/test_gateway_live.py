@@ -1,0 +1,526 @@
+"""The gateway with real processes: three vLLM CPU engines (tiny random Qwen3) behind the gateway exactly
+as the operator renders it (nginx.conf, run-nginx.sh, vllm-router's command line, the exporters'
+configuration; only ports, paths and the static engine URLs are the test's).
+
+The engines are started once for the module (about two minutes on two cores); the tests then share them
+in file order: the last three kill an engine, add one and stop the gateway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from qwen_operator.api.review import Review, review
+from realparts import (
+    ENGINE_START_SECONDS,
+    LOOPBACK,
+    SERVED_MODEL,
+    GatewayStack,
+    Proc,
+    http_get,
+    spawn_engine,
+    start_gateway_stack,
+    test_engine_args,
+    tiny_model,  # noqa: F401 (a fixture)
+    wait_ready,
+)
+from support import REPO
+
+pytestmark = pytest.mark.engine
+
+ENGINE_KEY = "engine-0123456789abcdef"
+KEYS = {"team-a": "sk-team-a-0123456789abcdef", "team-b": "sk-team-b-0123456789abcdef"}
+#: One key per request of the overload test, so no per-key limit interferes with the global one.
+LOAD_KEYS = {f"load-{i}": f"sk-load-{i}-0123456789abcdef" for i in range(12)}
+HTTP = requests.Session()
+HTTP.trust_env = False  # never a proxy: everything is on 127.0.0.1
+
+
+def _body(**gateway: Any) -> dict[str, Any]:
+    """A QwenDeployment whose engine flags suit the CPU engines (batch 8, context 1024)."""
+    return {
+        "apiVersion": "inference.qwenops.dev/v1alpha1",
+        "kind": "QwenDeployment",
+        "metadata": {"name": "chat", "namespace": "llm"},
+        "spec": {
+            "model": {"name": SERVED_MODEL},
+            "gpu": {"type": "A100-80GB"},
+            "parallelism": {"tensor": 2},
+            "engine": {
+                "maxModelLen": 1024,
+                "maxNumSeqs": 8,
+                "maxNumBatchedTokens": 2048,
+                "apiKeySecret": {"name": "chat-engine-key"},
+            },
+            "replicas": 2,
+            "gateway": {
+                "apiKeysSecret": "chat-api-keys",
+                "replicas": 1,
+                "rateLimit": {"requestsPerMinute": 6000, "burst": 200},
+                "maxConcurrentRequests": 64,
+                "queueSize": 64,
+                "requestTimeoutSeconds": 120,
+                **gateway,
+            },
+        },
+    }
+
+
+#: Low limits to see 429 and overload: 30 requests per minute and burst 3 per key; 2 slots + 1 waiting.
+STRICT = {
+    "rateLimit": {"requestsPerMinute": 30, "burst": 3},
+    "maxConcurrentRequests": 2,
+    "queueSize": 1,
+    "queueTimeoutSeconds": 2,
+}
+
+
+@dataclass
+class Live:
+    review: Review
+    engines: list[Proc]  # a and b serve from the start; c joins in the scale-out test
+    main: GatewayStack
+    strict: GatewayStack
+    events: dict[str, float] = field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def live(tiny_model: Path) -> Iterator[Live]:  # noqa: F811 (the imported fixture)
+    rev = review(_body())
+    extra = test_engine_args(rev.command)  # the rendered flags: parsers, prefix caching, batch size
+    engines = [spawn_engine(tiny_model, extra_args=extra, env={"VLLM_API_KEY": ENGINE_KEY}) for _ in range(3)]
+    stacks: list[GatewayStack] = []
+    try:
+        for engine in engines:
+            wait_ready(engine, "/health", ENGINE_START_SECONDS)
+        serving = [engines[0].url, engines[1].url]
+        stacks.append(start_gateway_stack(rev, serving, KEYS, ENGINE_KEY))
+        stacks.append(start_gateway_stack(review(_body(**STRICT)), serving, KEYS | LOAD_KEYS, ENGINE_KEY))
+        yield Live(review=rev, engines=engines, main=stacks[0], strict=stacks[1])
+    finally:
+        for stack in stacks:
+            stack.stop()
+        for engine in engines:
+            engine.stop()
+
+
+# --- helpers -----------------------------------------------------------------------------------------
+
+
+def _auth(key_id: str = "team-a") -> dict[str, str]:
+    return {"Authorization": f"Bearer {(KEYS | LOAD_KEYS)[key_id]}"}
+
+
+def _chat(content: str = "Hello", max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": SERVED_MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        **extra,
+    }
+
+
+def _completion(prompt: str = "Hello", max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
+    return {"model": SERVED_MODEL, "prompt": prompt, "max_tokens": max_tokens, **extra}
+
+
+def _post(
+    stack: GatewayStack, path: str, body: dict[str, Any], key_id: str = "team-a", timeout: float = 60
+) -> requests.Response:
+    return HTTP.post(f"{stack.url}{path}", json=body, headers=_auth(key_id), timeout=timeout)
+
+
+def _error_code(response: requests.Response) -> str:
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    return str(error["code"])
+
+
+def _metric(url: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels` (0 when there is none)."""
+    status, text = http_get(url, timeout=5)
+    assert status == 200, url
+    total = 0.0
+    for line in text.splitlines():
+        match = re.match(r"^([a-zA-Z_:][\w:]*)(\{(.*)\})? (\S+)$", line)
+        if not match or match.group(1) != name:
+            continue
+        have = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(3) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(match.group(4))
+    return total
+
+
+def _engine_successes(engine: Proc) -> float:
+    return _metric(f"{engine.url}/metrics", "vllm:request_success_total")
+
+
+def _wait_for(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class RawStream:
+    """A streamed request on a socket with a tiny receive buffer: while the test does not read, the
+    response cannot drain, so the request stays in flight inside nginx for as long as the test likes."""
+
+    def __init__(self, stack: GatewayStack, path: str, body: dict[str, Any], key_id: str) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.settimeout(60)
+        self.sock.connect((LOOPBACK, stack.wiring.http_port))
+        payload = json.dumps(body).encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {LOOPBACK}\r\nContent-Type: application/json\r\n"
+            f"Authorization: {_auth(key_id)['Authorization']}\r\nContent-Length: {len(payload)}\r\n"
+            "Connection: close\r\n\r\n"
+        )
+        self.sock.sendall(head.encode() + payload)
+        self.data = b""
+
+    def read_until(self, marker: bytes) -> None:
+        while marker not in self.data:
+            chunk = self.sock.recv(2048)
+            if not chunk:
+                return
+            self.data += chunk
+
+    def read_all(self) -> bytes:
+        while chunk := self.sock.recv(65536):
+            self.data += chunk
+        self.sock.close()
+        return self.data
+
+    @property
+    def headers(self) -> str:
+        return self.data.split(b"\r\n\r\n", 1)[0].decode()
+
+    @property
+    def request_id(self) -> str:
+        match = re.search(r"(?im)^x-request-id: *(\S+)", self.headers)
+        assert match, self.headers
+        return match.group(1)
+
+    def events(self) -> int:
+        return self.data.count(b"data: {")
+
+
+# --- serving -----------------------------------------------------------------------------------------
+
+
+def test_chat_completions_and_models(live: Live) -> None:
+    chat = _post(live.main, "/v1/chat/completions", _chat("What is Kubernetes?", max_tokens=12))
+    assert chat.status_code == 200, chat.text
+    body = chat.json()
+    assert body["model"] == SERVED_MODEL
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    assert body["usage"]["completion_tokens"] > 0
+    completion = _post(live.main, "/v1/completions", _completion("Once upon a time", max_tokens=12))
+    assert completion.status_code == 200, completion.text
+    assert completion.json()["usage"]["completion_tokens"] == 12
+    models = HTTP.get(f"{live.main.url}/v1/models", headers=_auth(), timeout=10)
+    assert [m["id"] for m in models.json()["data"]] == [SERVED_MODEL]
+
+
+def test_streaming_arrives_chunk_by_chunk(live: Live) -> None:
+    start = time.monotonic()
+    arrivals: list[float] = []
+    events: list[str] = []
+    body = _completion("Stream this", max_tokens=600, stream=True, ignore_eos=True)
+    with _post(live.main, "/v1/completions", body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert "content-length" not in response.headers
+        buffer = b""
+        for chunk in response.iter_content(chunk_size=None):
+            now = time.monotonic() - start
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if line.startswith(b"data: "):
+                    events.append(line[6:].decode())
+                    arrivals.append(now)
+    assert events[-1] == "[DONE]"
+    assert len(events) >= 600
+    assert sum(len(json.loads(e)["choices"][0]["text"]) > 0 for e in events[:-1] if "choices" in e) > 100
+    # Unbuffered: the first token arrives early, long before the last; the stream spreads over many reads.
+    first, last = arrivals[0], arrivals[-1]
+    assert first < 0.5 * last, (first, last)
+    assert len(set(arrivals)) > 20, "the events arrived in a handful of reads: buffered"
+
+
+def test_missing_or_wrong_key_gets_openai_style_401(live: Live) -> None:
+    url = f"{live.main.url}/v1/chat/completions"
+    for headers in (
+        {},
+        {"Authorization": "Bearer sk-not-a-key"},
+        {"Authorization": KEYS["team-a"]},  # no scheme
+        {"Authorization": f"Basic {KEYS['team-a']}"},
+        {"Authorization": "Bearer team-a"},  # the key id is not the key
+        {"Authorization": f"Bearer {ENGINE_KEY}"},  # the engines' key is not a client key
+    ):
+        response = HTTP.post(url, json=_chat(), headers=headers, timeout=10)
+        assert response.status_code == 401, headers
+        assert _error_code(response) == "invalid_api_key"
+        assert response.headers["www-authenticate"].startswith("Bearer")
+        assert response.headers["content-type"] == "application/json"
+
+
+def test_only_the_openai_routes_are_reachable(live: Live) -> None:
+    admin = [
+        "/metrics", "/health", "/liveness", "/readiness", "/version", "/workers", "/list_workers",
+        "/get_loads", "/add_worker?url=http://127.0.0.1:9", "/remove_worker?url=x", "/flush_cache",
+        "/v1/embeddings", "/tokenize", "/detokenize", "/ping", "/invocations", "/pooling",
+        "/v1/load_lora_adapter", "/start_profile", "/v1/models/../../health", "/v1/completions/../../metrics",
+        "/v1/chat/completions/", "/v2/models", "/",
+    ]  # fmt: skip
+    for path in admin:
+        for method in ("GET", "POST"):
+            response = HTTP.request(method, f"{live.main.url}{path}", headers=_auth(), timeout=10)
+            assert response.status_code == 404, (method, path, response.text)
+            assert _error_code(response) == "unknown_url"
+    # They exist behind the gateway: the router answers them on its loopback-only port.
+    assert HTTP.get(f"{live.main.router_url}/list_workers", timeout=5).status_code == 200
+
+
+def test_the_engine_key_replaces_the_client_key(live: Live) -> None:
+    engine = live.engines[0].url
+    direct = HTTP.post(f"{engine}/v1/completions", json=_completion(), headers=_auth(), timeout=10)
+    assert direct.status_code == 401  # engines refuse client keys ...
+    via_gateway = _post(live.main, "/v1/completions", _completion())
+    assert via_gateway.status_code == 200  # ... so the gateway sent the engine key in their place
+    with_engine_key = {"Authorization": f"Bearer {ENGINE_KEY}"}
+    assert HTTP.post(f"{engine}/v1/completions", json=_completion(), headers=with_engine_key).ok
+
+
+# --- limits ------------------------------------------------------------------------------------------
+
+
+def test_per_key_rate_limit_answers_429_with_retry_after(live: Live) -> None:
+    statuses = []
+    for _ in range(8):
+        response = _post(live.strict, "/v1/completions", _completion(max_tokens=1), key_id="team-b")
+        statuses.append(response.status_code)
+        if response.status_code == 429:
+            assert _error_code(response) == "rate_limit_exceeded"
+            assert response.headers["retry-after"] == "2"  # 60 s / 30 requests per minute
+    assert statuses[:4] == [200] * 4  # one at the rate plus a burst of three
+    assert 429 in statuses[4:]
+    # Keys are limited separately.
+    assert _post(live.strict, "/v1/completions", _completion(max_tokens=1), key_id="load-11").ok
+
+
+def test_overload_is_shed_at_once_not_queued_forever(live: Live) -> None:
+    """2 slots + 1 waiting place: 12 concurrent long requests (each its own key)."""
+
+    def one(i: int) -> tuple[int, float, requests.Response]:
+        start = time.monotonic()
+        body = _completion(f"Overload {i}", max_tokens=500, ignore_eos=True)
+        response = _post(live.strict, "/v1/completions", body, key_id=f"load-{i}")
+        return response.status_code, time.monotonic() - start, response
+
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(one, range(12)))
+    statuses = [status for status, _, _ in results]
+    assert set(statuses) <= {200, 503, 408}, statuses
+    assert statuses.count(200) >= 2, statuses
+    shed = [(elapsed, r) for status, elapsed, r in results if status == 503]
+    assert shed, statuses
+    for _, response in shed:
+        assert _error_code(response) == "overloaded"
+        assert response.headers["retry-after"] == "1"
+    assert min(elapsed for elapsed, _ in shed) < 0.5  # shed at once, not after waiting
+
+
+def test_key_rotation_keeps_streams_and_takes_effect(live: Live) -> None:
+    stack = live.main
+    stream = RawStream(
+        stack, "/v1/chat/completions", _chat(max_tokens=900, stream=True, ignore_eos=True), "team-a"
+    )
+    stream.read_until(b"data: {")
+    assert b" 200 " in stream.data.split(b"\r\n", 1)[0]
+    request_id = stream.request_id
+    new_keys = {"team-a": KEYS["team-a"], "team-c": "sk-team-c-0123456789abcdef"}  # team-b removed
+    stack.set_api_keys(new_keys)
+    started = time.monotonic()
+
+    def status(key: str) -> int:
+        headers = {"Authorization": f"Bearer {key}"}
+        return int(HTTP.get(f"{stack.url}/v1/models", headers=headers, timeout=10).status_code)
+
+    _wait_for(lambda: status(new_keys["team-c"]) == 200, 20, "the new key to be accepted")
+    assert time.monotonic() - started < 15
+    assert status(KEYS["team-b"]) == 401
+    # The stream started before the reload is still open inside nginx (not logged yet) ...
+    assert request_id not in stack.procs["nginx"].log.read_text()
+    data = stream.read_all()
+    # ... and ends complete.
+    assert data.rstrip().endswith(b"0") and b"data: [DONE]" in data, data[-200:]
+    assert stream.events() >= 900
+    _wait_for(lambda: request_id in stack.procs["nginx"].log.read_text(), 5, "the stream's log line")
+    line = next(x for x in stack.procs["nginx"].log.read_text().splitlines() if request_id in x)
+    assert json.loads(line)["status"] == "200"
+    stack.set_api_keys(KEYS)
+    _wait_for(lambda: status(KEYS["team-b"]) == 200, 20, "team-b to be back")
+
+
+# --- observability -----------------------------------------------------------------------------------
+
+
+def test_access_log_is_json_with_the_key_id_never_the_key(live: Live) -> None:
+    _post(live.main, "/v1/chat/completions", _chat("log me"), key_id="team-b")
+    log = live.main.procs["nginx"].log.read_text()
+    entries = [json.loads(line) for line in log.splitlines() if line.startswith('{"time"')]
+    mine = [e for e in entries if e["key_id"] == "team-b" and e["route"] == "/v1/chat/completions"]
+    assert mine and mine[-1]["status"] == "200" and mine[-1]["model"] == SERVED_MODEL
+    assert float(mine[-1]["request_time"]) > 0
+    for secret in [*KEYS.values(), ENGINE_KEY]:
+        assert secret not in log
+
+
+def test_metrics_per_key_router_and_in_flight(live: Live) -> None:
+    main, strict = live.main, live.strict
+    count = "qwen_gateway_http_response_count_total"
+    _wait_for(lambda: _metric(main.log_metrics_url, count, key_id="team-a", status="200") > 0, 10, "metrics")
+    assert _metric(main.log_metrics_url, count, error="unauthorized", status="401") >= 6
+    assert _metric(main.log_metrics_url, count, error="unknown_route") >= 40
+    assert _metric(strict.log_metrics_url, count, key_id="team-b", error="rate_limited") >= 1
+    assert _metric(strict.log_metrics_url, count, error="overloaded") >= 1
+    hist = "qwen_gateway_http_response_time_seconds_hist_count"
+    assert _metric(main.log_metrics_url, hist, key_id="team-a") > 0
+    assert _metric(main.log_metrics_url, "qwen_gateway_parse_errors_total") == 0
+    assert _metric(main.router_metrics_url, "vllm_router_requests_total", route="/v1/chat/completions") > 0
+    for engine in live.engines[:2]:
+        assert _metric(main.router_metrics_url, "vllm_router_worker_health", worker=engine.url) == 1
+    assert _metric(main.nginx_metrics_url, "nginx_up") == 1
+    assert _metric(main.nginx_metrics_url, "nginx_connections_writing") >= 1
+    _assert_documented([main.log_metrics_url, main.nginx_metrics_url, main.router_metrics_url])
+
+
+def _assert_documented(urls: list[str]) -> None:
+    """Every metric family the gateway exposes (bar the exporters' build info) is in docs/gateway.md."""
+    doc = (REPO / "docs" / "gateway.md").read_text()
+    for url in urls:
+        families = set(re.findall(r"(?m)^# TYPE (\S+) ", http_get(url)[1]))
+        undocumented = {f for f in families if f"`{f}`" not in doc and not f.endswith("build_info")}
+        assert not undocumented, f"{url}: not in docs/gateway.md: {sorted(undocumented)}"
+
+
+# --- failures and scaling (these change the engine set: keep them last) -------------------------------
+
+
+@dataclass
+class Outcome:
+    start: float
+    end: float
+    ok: bool
+    detail: str
+
+
+def _load(stack: GatewayStack, stop: threading.Event, outcomes: list[Outcome], worker: int) -> None:
+    n = 0
+    while not stop.is_set():
+        n += 1
+        start = time.monotonic()
+        body = _completion(f"{worker}-{n} load request", max_tokens=24, ignore_eos=True)
+        try:
+            response = _post(stack, "/v1/completions", body, timeout=30)
+            ok = response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 24
+            outcomes.append(
+                Outcome(start, time.monotonic(), ok, f"{response.status_code} {response.text[:80]}")
+            )
+        except requests.RequestException as exc:
+            outcomes.append(Outcome(start, time.monotonic(), False, repr(exc)))
+
+
+def _stream_tokens(stack: GatewayStack) -> int:
+    body = _completion("long stream", max_tokens=900, stream=True, ignore_eos=True)
+    with _post(stack, "/v1/completions", body, timeout=120) as response:
+        return sum(line.startswith(b"data: {") for line in response.iter_lines())
+
+
+def test_engine_killed_mid_load(live: Live) -> None:
+    stack, (a, b) = live.main, live.engines[:2]
+    outcomes: list[Outcome] = []
+    stop = threading.Event()
+    threads = [threading.Thread(target=_load, args=(stack, stop, outcomes, i)) for i in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(3)
+    a_before = _engine_successes(a)
+    killed_at = time.monotonic()
+    os.killpg(b.pid, signal.SIGKILL)  # the engine vanishes mid-request, with no chance to clean up
+    b.stop()
+    # Requests keep coming; the router must stop choosing b and answer from a.
+    _wait_for(
+        lambda: (
+            _metric(stack.router_metrics_url, "vllm_router_worker_health", worker=b.url) == 0
+            or _metric(stack.router_metrics_url, "vllm_router_cb_state", worker=b.url) != 0
+        ),
+        30,
+        "the router to take the dead engine out",
+    )
+    out_at = time.monotonic()
+    time.sleep(3)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    before = [o for o in outcomes if o.end < killed_at]
+    during = [o for o in outcomes if o.start < killed_at <= o.end]
+    after = [o for o in outcomes if o.start >= killed_at]
+    assert before and all(o.ok for o in before)
+    # Only requests that were on b when it died may fail: at most one per load thread.
+    assert sum(not o.ok for o in during) <= len(threads), [o.detail for o in during]
+    failed_after = [o.detail for o in after if not o.ok]
+    assert not failed_after, failed_after  # retried on a before the first byte
+    assert len(after) >= 10
+    assert _engine_successes(a) - a_before >= len(after)
+    live.events["b_killed"] = killed_at
+    live.events["b_out"] = out_at
+
+
+def test_scale_out_third_engine_gets_traffic(live: Live) -> None:
+    stack, c = live.main, live.engines[2]
+    # What Kubernetes discovery does when a new engine pod turns Ready: the router's own add_worker.
+    added = HTTP.post(f"{stack.router_url}/add_worker", params={"url": c.url}, timeout=30)
+    assert added.status_code == 200, added.text
+    before = _engine_successes(c)
+    with ThreadPoolExecutor(4) as pool:
+        prompts = [f"{chr(65 + i)}{i * 7919} a new conversation" for i in range(16)]
+        responses = list(pool.map(lambda p: _post(stack, "/v1/completions", _completion(p)), prompts))
+    assert all(r.status_code == 200 for r in responses), [r.text for r in responses if not r.ok]
+    assert _engine_successes(c) - before >= 1
+    assert _metric(stack.router_metrics_url, "vllm_router_processed_requests_total", worker=c.url) >= 1
+
+
+def test_shutdown_drains_in_flight_streams(live: Live) -> None:
+    stack = live.main
+    stream = RawStream(
+        stack, "/v1/chat/completions", _chat(max_tokens=900, stream=True, ignore_eos=True), "team-a"
+    )
+    stream.read_until(b"data: {")
+    nginx = stack.procs["nginx"]
+    nginx.popen.terminate()  # SIGTERM to run-nginx.sh, as kubelet sends it after the preStop hook
+    _wait_for(lambda: http_get(f"{stack.url}/v1/models")[0] == 0, 10, "nginx to stop accepting")
+    assert nginx.alive()  # still draining the stream
+    data = stream.read_all()
+    assert b"data: [DONE]" in data and stream.events() >= 900
+    assert nginx.popen.wait(30) == 0

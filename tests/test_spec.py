@@ -1,0 +1,274 @@
+"""The pydantic models of QwenDeployment: camelCase only, unknown fields refused, errors name full paths."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from qwen_operator.api import spec as api
+from qwen_operator.api.crd import crd
+from qwen_operator.api.spec import SpecError, field_path, parse
+from support import EXAMPLES, example, load
+
+
+def problems(body: dict[str, Any]) -> list[tuple[str, str]]:
+    with pytest.raises(SpecError) as caught:
+        parse(body)
+    return caught.value.problems
+
+
+def with_spec(**changes: Any) -> dict[str, Any]:
+    """The A100 example with top-level spec keys replaced (None removes one)."""
+    body = example("a100-80gb-tp2-bf16")
+    for key, value in changes.items():
+        if value is None:
+            body["spec"].pop(key, None)
+        else:
+            body["spec"][key] = value
+    return body
+
+
+def with_engine(**engine: Any) -> dict[str, Any]:
+    return with_spec(engine=engine)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_examples_parse(path: Any) -> None:
+    resource = parse(load(path))
+    assert resource.metadata.namespace == "llm"
+    assert resource.spec.model.name.startswith("Qwen/Qwen3-32B")
+
+
+def test_defaults_are_applied_when_parsing() -> None:
+    spec = parse(with_spec(engine=None, replicas=None, gateway=None)).spec
+    assert spec.engine.max_model_len == 32_768
+    assert spec.engine.gpu_memory_utilization == 0.9
+    assert spec.engine.enable_chunked_prefill and spec.engine.enable_prefix_caching
+    assert spec.engine.reasoning.enabled and spec.engine.reasoning.parser == "qwen3"
+    assert spec.engine.tool_calling.parser == "hermes"
+    assert spec.effective_replicas == 1
+    assert spec.gpu.gpus_per_node == 8
+
+
+# --- camelCase only --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("section", "snake", "path"),
+    [
+        ("engine", {"max_model_len": 16_384}, "spec.engine.max_model_len"),
+        ("engine", {"gpu_memory_utilization": 0.8}, "spec.engine.gpu_memory_utilization"),
+        ("gpu", {"type": "A100-80GB", "gpus_per_node": 4}, "spec.gpu.gpus_per_node"),
+        ("model", {"name": "Qwen/Qwen3-32B", "served_model_name": "qwen"}, "spec.model.served_model_name"),
+    ],
+)
+def test_snake_case_is_an_unknown_field(section: str, snake: dict[str, Any], path: str) -> None:
+    # The CRD has only camelCase properties: accepting snake_case here would let the operator read a
+    # value the API server prunes or refuses.
+    assert (path, "unknown field") in problems(with_spec(**{section: snake}))
+
+
+def test_python_names_are_not_accepted_either() -> None:
+    with pytest.raises(ValidationError):
+        api.Engine.model_validate({"max_model_len": 1024})
+    assert api.Engine.model_validate({"maxModelLen": 1024}).max_model_len == 1024
+
+
+def test_every_crd_property_is_camel_case() -> None:
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for name, child in (node.get("properties") or {}).items():
+                assert "_" not in name, f"{path}.{name}"
+                walk(child, f"{path}.{name}")
+            walk(node.get("items"), f"{path}[]")
+
+    walk(crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"], "spec")
+
+
+# --- unknown fields, with the full path ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "path"),
+    [
+        ({"replica": 2}, "spec.replica"),
+        ({"engine": {"maxModelLength": 1}}, "spec.engine.maxModelLength"),
+        ({"engine": {"speculative": {"method": "ngram", "foo": 1}}}, "spec.engine.speculative.foo"),
+        ({"engine": {"speculative": {"method": "eagle3", "model": "m", "promptLookupMax": 3}}},
+         "spec.engine.speculative.promptLookupMax"),
+        ({"engine": {"reasoning": {"parserName": "qwen3"}}}, "spec.engine.reasoning.parserName"),
+        ({"gateway": {"rateLimit": {"requestsPerMinut": 60}}}, "spec.gateway.rateLimit.requestsPerMinut"),
+        ({"model": {"name": "Qwen/Qwen3-32B", "cache": {"claim": "x"}}}, "spec.model.cache.claim"),
+        ({"replicas": None, "autoscaling": {"maxReplicas": 2, "behavior": {"up": 1}}},
+         "spec.autoscaling.behavior.up"),
+    ],
+)  # fmt: skip
+def test_unknown_fields_are_refused_with_their_path(changes: dict[str, Any], path: str) -> None:
+    assert (path, "unknown field") in problems(with_spec(**changes))
+
+
+def test_ngram_with_a_model_is_an_unknown_field() -> None:
+    found = problems(with_engine(speculative={"method": "ngram", "model": "Qwen/Qwen3-0.6B"}))
+    assert found == [("spec.engine.speculative.model", "unknown field")]
+
+
+def test_all_problems_are_reported_at_once() -> None:
+    body = with_spec(replica=1, engine={"maxNumSeqs": 0, "foo": True})
+    assert {p for p, _ in problems(body)} == {"spec.replica", "spec.engine.maxNumSeqs", "spec.engine.foo"}
+
+
+# --- list items and union members ------------------------------------------------------------------
+
+
+def test_list_item_paths() -> None:
+    found = problems(with_engine(extraArgs=["--enforce-eager", "--seed", 3, None]))
+    assert found == [
+        ("spec.engine.extraArgs[2]", "Input should be a valid string"),
+        ("spec.engine.extraArgs[3]", "Input should be a valid string"),
+    ]
+
+
+def test_nested_list_item_paths() -> None:
+    gpu = {"type": "A100-80GB", "tolerations": [{"key": "a"}, "not-an-object"]}
+    assert problems(with_spec(gpu=gpu)) == [("spec.gpu.tolerations[1]", "Input should be a valid dictionary")]
+    route = {"parentRefs": [{"name": "gw"}], "hostnames": ["a", 7]}
+    assert problems(with_spec(gateway={"httpRoute": route})) == [
+        ("spec.gateway.httpRoute.hostnames[1]", "Input should be a valid string")
+    ]
+
+
+def test_speculative_member_fields_have_no_tag_in_the_path() -> None:
+    found = problems(with_engine(speculative={"method": "draft_model", "numSpeculativeTokens": 0}))
+    assert ("spec.engine.speculative.model", "required field is missing") in found
+    assert (
+        "spec.engine.speculative.numSpeculativeTokens",
+        "Input should be greater than or equal to 1",
+    ) in found
+
+
+def test_speculative_method_errors_name_the_method_field() -> None:
+    (bad,) = problems(with_engine(speculative={"method": "medusa"}))
+    assert bad == (
+        "spec.engine.speculative.method",
+        "must be one of 'ngram', 'draft_model', 'eagle3', not 'medusa'",
+    )
+    assert problems(with_engine(speculative={"numSpeculativeTokens": 2})) == [
+        ("spec.engine.speculative.method", "required field is missing")
+    ]
+
+
+def test_union_tag_names_elsewhere_are_kept_in_paths() -> None:
+    # "ngram" is a union tag below `speculative` only; as a map key elsewhere it is part of the path.
+    gpu = {"type": "A100-80GB", "nodeSelector": {"ngram": 3}}
+    assert problems(with_spec(gpu=gpu)) == [("spec.gpu.nodeSelector.ngram", "Input should be a valid string")]
+
+
+@pytest.mark.parametrize(
+    ("loc", "path"),
+    [
+        (("spec", "engine", "extraArgs", 2), "spec.engine.extraArgs[2]"),
+        (
+            ("spec", "engine", "speculative", "ngram", "promptLookupMin"),
+            "spec.engine.speculative.promptLookupMin",
+        ),
+        (("spec", "gpu", "tolerations", 0, "key"), "spec.gpu.tolerations[0].key"),
+        (("spec", "autoscaling", "function-after[_bounds(), Autoscaling]"), "spec.autoscaling"),
+        ((), ""),
+    ],
+)
+def test_field_path(loc: tuple[int | str, ...], path: str) -> None:
+    assert field_path(loc) == path
+
+
+# --- cross-field rules name the field --------------------------------------------------------------
+
+
+def test_replicas_and_autoscaling_together() -> None:
+    found = problems(with_spec(replicas=2, autoscaling={"maxReplicas": 4}))
+    assert found == [("spec.replicas", "set either replicas or autoscaling, not both")]
+
+
+def test_autoscaling_min_over_max() -> None:
+    found = problems(with_spec(replicas=None, autoscaling={"minReplicas": 5, "maxReplicas": 2}))
+    assert found == [("spec.autoscaling.minReplicas", "5 exceeds maxReplicas (2)")]
+
+
+def test_keda_needs_prometheus_address() -> None:
+    found = problems(with_spec(replicas=None, autoscaling={"maxReplicas": 2, "driver": "keda"}))
+    assert found == [
+        ("spec.autoscaling.prometheusAddress", "driver keda needs prometheusAddress (the Prometheus URL)")
+    ]
+    keda = {"maxReplicas": 2, "driver": "keda", "prometheusAddress": "http://prometheus:9090"}
+    assert parse(with_spec(replicas=None, autoscaling=keda)).spec.autoscaling is not None
+
+
+def test_prompt_lookup_min_over_max() -> None:
+    speculative = {"method": "ngram", "promptLookupMin": 5, "promptLookupMax": 3}
+    assert problems(with_engine(speculative=speculative)) == [
+        ("spec.engine.speculative.promptLookupMin", "5 exceeds promptLookupMax (3)")
+    ]
+    # the defaults (min 2, max 4) take part: min 5 alone is over the default max
+    assert problems(with_engine(speculative={"method": "ngram", "promptLookupMin": 5}))[0][0] == (
+        "spec.engine.speculative.promptLookupMin"
+    )
+
+
+# --- scalar checks ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "path", "message"),
+    [
+        ({"replicas": -1}, "spec.replicas", "Input should be greater than or equal to 0"),
+        ({"engine": {"maxNumSeqs": -8}}, "spec.engine.maxNumSeqs",
+         "Input should be greater than or equal to 1"),
+        ({"engine": {"gpuMemoryUtilization": 1.5}}, "spec.engine.gpuMemoryUtilization",
+         "Input should be less than or equal to 0.98"),
+        ({"engine": {"gpuMemoryUtilization": 0.1}}, "spec.engine.gpuMemoryUtilization",
+         "Input should be greater than 0.1"),
+        ({"engine": {"kvCacheDtype": "fp16"}}, "spec.engine.kvCacheDtype", "Input should be 'auto' or 'fp8'"),
+        ({"gpu": {"type": "H100"}}, "spec.gpu.type", "Input should be 'A10-24GB'"),
+        ({"parallelism": {"tensor": 0}}, "spec.parallelism.tensor",
+         "Input should be greater than or equal to 1"),
+        ({"engine": {"resources": {"memory": "64 GB"}}}, "spec.engine.resources.memory",
+         "String should match pattern"),
+        ({"model": None}, "spec.model", "required field is missing"),
+        ({"model": {"name": ""}}, "spec.model.name", "String should have at least 1 character"),
+    ],
+)  # fmt: skip
+def test_scalar_problems(changes: dict[str, Any], path: str, message: str) -> None:
+    found = dict(problems(with_spec(**changes)))
+    assert message in found[path]
+
+
+@pytest.mark.parametrize(("given", "parsed"), [(8, "8"), (0.5, "0.5"), ("500m", "500m"), ("64Gi", "64Gi")])
+def test_quantities_are_int_or_string_as_in_kubernetes(given: object, parsed: str) -> None:
+    # `cpu: 8` is what people write; the CRD declares x-kubernetes-int-or-string, so the API server stores it
+    spec = parse(with_engine(resources={"cpu": given, "shmSize": given})).spec
+    assert spec.engine.resources.cpu == parsed == spec.engine.resources.shm_size
+
+
+@pytest.mark.parametrize("given", [-1, True, "8 cores", "64 GB"])
+def test_bad_quantities(given: object) -> None:
+    assert problems(with_engine(resources={"cpu": given}))[0][0] == "spec.engine.resources.cpu"
+
+
+def test_metadata_name_must_be_a_short_dns_label() -> None:
+    body = example("a100-80gb-tp2-bf16")
+    body["metadata"]["name"] = "Chat_A100"
+    assert problems(body)[0][0] == "metadata.name"
+    body["metadata"]["name"] = "a" * 43  # children append suffixes; 63 is the label limit
+    assert problems(body)[0] == ("metadata.name", "String should have at most 42 characters")
+
+
+def test_wrong_api_version_or_kind() -> None:
+    body = example("a100-80gb-tp2-bf16") | {"apiVersion": "inference.qwenops.dev/v1"}
+    assert problems(body)[0][0] == "apiVersion"
+    assert problems(example("a100-80gb-tp2-bf16") | {"kind": "Deployment"})[0][0] == "kind"
+
+
+def test_spec_error_text_lists_every_problem() -> None:
+    error = SpecError([("spec.a", "one"), ("spec.b", "two")])
+    assert str(error) == "spec.a: one; spec.b: two"

@@ -14,9 +14,9 @@ PYTEST_ARGS ?=
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml images/operator/requirements.txt
 	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]'
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]' -c images/operator/requirements.txt
 	touch $@
 
 setup: $(VENV)/.installed ## venv, system packages, vLLM CPU engine env, dev cluster binaries (cached)

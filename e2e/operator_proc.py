@@ -33,11 +33,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def service_account_kubeconfig(cluster: Any, path: Path) -> Path:
-    """A kubeconfig for the operator's ServiceAccount, with a fresh bound token."""
-    token = cluster.kubectl(
-        "-n", OPERATOR_NAMESPACE, "create", "token", OPERATOR_ACCOUNT, "--duration=6h"
-    ).stdout.strip()
+def service_account_kubeconfig(
+    cluster: Any, path: Path, namespace: str = OPERATOR_NAMESPACE, account: str = OPERATOR_ACCOUNT
+) -> Path:
+    """A kubeconfig for the ServiceAccount `namespace/account`, with a fresh bound token."""
+    token = cluster.kubectl("-n", namespace, "create", "token", account, "--duration=6h").stdout.strip()
     admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
     ctx = admin["contexts"][0]["context"]
     server = next(c for c in admin["clusters"] if c["name"] == ctx["cluster"])
@@ -45,11 +45,11 @@ def service_account_kubeconfig(cluster: Any, path: Path) -> Path:
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [server],
-        "users": [{"name": OPERATOR_ACCOUNT, "user": {"token": token}}],
+        "users": [{"name": account, "user": {"token": token}}],
         "contexts": [
             {
                 "name": "qwen-devcluster-operator",
-                "context": {"cluster": ctx["cluster"], "user": OPERATOR_ACCOUNT},
+                "context": {"cluster": ctx["cluster"], "user": account},
             }
         ],
         "current-context": "qwen-devcluster-operator",
@@ -69,10 +69,17 @@ def install(cluster: Any) -> None:
 class OperatorProcess:
     """`qwen-operator run` in its own process group, logs in a file."""
 
-    def __init__(self, kubeconfig: Path, log_path: Path, resync_seconds: float = 300):
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log_path: Path,
+        resync_seconds: float = 300,
+        scope: tuple[str, ...] = ("--all-namespaces",),
+    ):
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         self.resync_seconds = resync_seconds
+        self.scope = scope  # --all-namespaces, or --namespace NS [--namespace NS2 ...]
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -82,7 +89,7 @@ class OperatorProcess:
         exe = Path(sys.executable).with_name("qwen-operator")
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [str(exe), "run", "--all-namespaces", "--metrics-port", str(self.port)],
+            [str(exe), "run", *self.scope, "--metrics-port", str(self.port)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -9,13 +9,9 @@ namespace: a permission the chart's Role or ClusterRole lacks fails here as it w
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import signal
 import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +20,7 @@ import pytest
 import yaml
 
 from devcluster.fixtures import wait_until
-from operator_proc import free_port
+from operator_proc import OperatorProcess, service_account_kubeconfig
 
 pytestmark = pytest.mark.cluster
 
@@ -69,69 +65,18 @@ def release(cluster: Any, namespace: str) -> Iterator[str]:
     cluster.kubectl("delete", "namespace", operator_ns, "--wait=false", check=False)
 
 
-def service_account_kubeconfig(cluster: Any, operator_ns: str, path: Path) -> Path:
-    token = cluster.kubectl("-n", operator_ns, "create", "token", ACCOUNT, "--duration=1h").stdout.strip()
-    admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
-    context = admin["contexts"][0]["context"]
-    server = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [server],
-                "users": [{"name": ACCOUNT, "user": {"token": token}}],
-                "contexts": [
-                    {"name": "chart-account", "context": {"cluster": server["name"], "user": ACCOUNT}}
-                ],
-                "current-context": "chart-account",
-            }
-        )
-    )
-    return path
-
-
 @pytest.fixture
-def operator_process(
-    cluster: Any, release: str, namespace: str, tmp_path: Path
-) -> Iterator[subprocess.Popen[bytes]]:
+def operator_process(cluster: Any, release: str, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
     """`qwen-operator run --namespace <namespace>` as the chart's ServiceAccount."""
-    kubeconfig = service_account_kubeconfig(cluster, release, tmp_path / "kubeconfig")
-    port = free_port()
-    log_path = tmp_path / "operator.log"
-    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-    env |= {"KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": release}
-    exe = Path(sys.executable).with_name("qwen-operator")
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            [str(exe), "run", "--namespace", namespace, "--metrics-port", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+    kubeconfig = service_account_kubeconfig(
+        cluster, tmp_path / "kubeconfig", namespace=release, account=ACCOUNT
+    )
+    proc = OperatorProcess(kubeconfig, tmp_path / "operator.log", scope=("--namespace", namespace)).start()
     try:
-        wait_until(lambda: _healthy(proc, port), 60, "operator /healthz")
         yield proc
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        tail = log_path.read_text(errors="replace").splitlines()[-60:]
-        print("\n--- operator log (tail) ---\n" + "\n".join(tail))
-
-
-def _healthy(proc: subprocess.Popen[bytes], port: int) -> bool:
-    if proc.poll() is not None:
-        raise AssertionError(f"operator exited with {proc.returncode}")
-    try:
-        return urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).status == 200
-    except OSError:
-        return False
+        proc.stop()
+        print("\n--- operator log (tail) ---\n" + proc.tail())
 
 
 def _can_i(cluster: Any, operator_ns: str, *args: str) -> bool:
@@ -165,7 +110,7 @@ def test_namespaced_rbac_is_scoped_to_the_watched_namespace(
 
 
 def test_qwendeployment_becomes_ready_and_stays_as_applied(
-    cluster: Any, release: str, namespace: str, operator_process: subprocess.Popen[bytes]
+    cluster: Any, release: str, namespace: str, operator_process: OperatorProcess
 ) -> None:
     body = yaml.safe_load(EXAMPLE.read_text())
     body["metadata"]["namespace"] = namespace

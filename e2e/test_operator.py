@@ -281,10 +281,16 @@ def test_hpa_owns_replicas(cluster: Any, operator: OperatorProcess, namespace: s
     wait_condition(cluster, namespace, name, "Ready", "True")
     hpa = kubectl_json(cluster, "-n", namespace, "get", "hpa", f"{name}-engine")
     assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "vllm:num_requests_waiting"
-    dep = kubectl_json(cluster, "-n", namespace, "get", "deployment", f"{name}-engine", "--show-managed-fields")
+    dep = kubectl_json(
+        cluster, "-n", namespace, "get", "deployment", f"{name}-engine", "--show-managed-fields"
+    )
     managers = [m for m in dep["metadata"]["managedFields"] if m["manager"] == "qwen-operator"]
     assert managers, "the operator must write with its field manager"
     assert all("f:replicas" not in json.dumps(m.get("fieldsV1", {}).get("f:spec", {})) for m in managers)
+
+    # The dev cluster serves no custom metrics API: the status must say the scaling metric is missing.
+    scaling = condition(wait_condition(cluster, namespace, name, "ScalingReady", "False"), "ScalingReady")
+    assert scaling["reason"] == "FailedGetPodsMetric", scaling
 
     cluster.kubectl("-n", namespace, "scale", "deployment", f"{name}-engine", "--replicas=2")
     # Trigger a reconcile through the CR, then check the operator left replicas alone.

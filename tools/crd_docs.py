@@ -143,16 +143,6 @@ def _conditions() -> list[str]:
     return lines + [f"| `{t}` | {_cell(meaning.get(t, ''))} |" for t in status_module.CONDITION_TYPES]
 
 
-#: Descriptions of status fields whose schema has none.
-_STATUS_FALLBACK = {
-    "observedGeneration": "metadata.generation of the spec this status describes.",
-    "gpu": "GPU type in effect.",
-    "tensorParallelSize": "Tensor parallel size in effect.",
-    "maxModelLen": "Context length in effect (YaRN above 32768).",
-    "conditions": "Typed conditions, see below.",
-}
-
-
 def _status() -> list[str]:
     lines = [
         "",
@@ -164,7 +154,7 @@ def _status() -> list[str]:
     lines += ["| Field | Type | Description |", "|---|---|---|"]
     for name, prop in status_schema()["properties"].items():
         kind = "list of conditions" if name == "conditions" else prop.get("type", "any")
-        description = prop.get("description") or _STATUS_FALLBACK.get(name, "")
+        description = prop.get("description", "")
         lines.append(f"| `status.{name}` | {kind} | {_cell(description)} |")
     return lines + _conditions()
 

@@ -38,9 +38,24 @@ def up() -> int:
     handle = devcluster.up(NAME)
     helm = str(handle.bin("helm"))
     step("installing the operator with Helm (CRD, RBAC, ServiceAccount)")
-    subprocess.run([helm, "upgrade", "--install", "qwen-operator", str(REPO / "charts" / "qwen-operator"),
-                    "--namespace", OPERATOR_NAMESPACE, "--create-namespace", "--set", "operator.replicas=0",
-                    "--kubeconfig", str(handle.kubeconfig), "--wait"], check=True)
+    subprocess.run(
+        [
+            helm,
+            "upgrade",
+            "--install",
+            "qwen-operator",
+            str(REPO / "charts" / "qwen-operator"),
+            "--namespace",
+            OPERATOR_NAMESPACE,
+            "--create-namespace",
+            "--set",
+            "replicaCount=0",
+            "--kubeconfig",
+            str(handle.kubeconfig),
+            "--wait",
+        ],
+        check=True,
+    )
     step("starting the operator as the chart's ServiceAccount")
     _stop_operator()
     STATE.mkdir(parents=True, exist_ok=True)
@@ -48,7 +63,8 @@ def up() -> int:
     proc = OperatorProcess(kubeconfig, STATE / "operator.log").start()
     assert proc.proc is not None
     (STATE / "operator.pid").write_text(str(proc.proc.pid))
-    print(f"operator pid {proc.proc.pid}, log {STATE / 'operator.log'}, metrics http://127.0.0.1:{proc.port}/metrics")
+    print(f"operator pid {proc.proc.pid}, log {STATE / 'operator.log'}")
+    print(f"operator metrics: http://127.0.0.1:{proc.port}/metrics")
 
     step(f"capacity plan of {EXAMPLE.relative_to(REPO)} (qwen-operator plan, offline)")
     subprocess.run([sys.executable, "-m", "qwen_operator.cli", "plan", "-f", str(EXAMPLE)], check=True)
@@ -57,13 +73,23 @@ def up() -> int:
     step(f"applying it to namespace {ns}")
     handle.kubectl("create", "namespace", ns, check=False)
     keys = body["spec"]["gateway"]["apiKeysSecret"]
-    handle.kubectl("-n", ns, "create", "secret", "generic", keys, "--from-literal=demo=sk-demo-key", check=False)
+    handle.kubectl(
+        "-n", ns, "create", "secret", "generic", keys, "--from-literal=demo=sk-demo-key", check=False
+    )
     handle.kubectl("apply", "-f", str(EXAMPLE))
     handle.kubectl("-n", ns, "wait", f"qwd/{name}", "--for=condition=Ready", "--timeout=180s")
     step("GPU node pools")
-    print(handle.kubectl("get", "nodes", "-L", "nvidia.com/gpu.product", "-o",
-                         "custom-columns=NAME:.metadata.name,PRODUCT:.metadata.labels.nvidia\\.com/gpu\\.product,"
-                         "GPUS:.status.capacity.nvidia\\.com/gpu").stdout)
+    print(
+        handle.kubectl(
+            "get",
+            "nodes",
+            "-L",
+            "nvidia.com/gpu.product",
+            "-o",
+            "custom-columns=NAME:.metadata.name,PRODUCT:.metadata.labels.nvidia\\.com/gpu\\.product,"
+            "GPUS:.status.capacity.nvidia\\.com/gpu",
+        ).stdout
+    )
     step("kubectl get qwd -A -o wide")
     print(handle.kubectl("get", "qwd", "-A", "-o", "wide").stdout)
     step("engine pods and where they run")

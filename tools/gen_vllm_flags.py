@@ -16,9 +16,13 @@ def main() -> None:
     parser = make_arg_parser(FlexibleArgumentParser())
     flags: dict[str, bool] = {}
     for action in parser._actions:
-        takes_value = not isinstance(
-            action, argparse._StoreTrueAction | argparse._StoreFalseAction | argparse.BooleanOptionalAction
-        ) and action.nargs != 0
+        takes_value = (
+            not isinstance(
+                action,
+                argparse._StoreTrueAction | argparse._StoreFalseAction | argparse.BooleanOptionalAction,
+            )
+            and action.nargs != 0
+        )
         for option in action.option_strings:  # every spelling: --long, -q, and short forms like -tp, -ep
             flags[option] = takes_value
     print(json.dumps({"vllm": vllm.__version__, "flags": dict(sorted(flags.items()))}, indent=1))

@@ -48,17 +48,23 @@ def _documents(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
         raise UsageError(f"{path}: no {KIND} in the file")
 
 
-def _review_all(path: str) -> tuple[list[Review], list[str]]:
-    reviews, errors = [], []
+def _review_all(path: str) -> tuple[list[Review], list[str], list[dict[str, Any]]]:
+    """Reviews of the resources that parse, every error line, and JSON stubs for those that do not."""
+    reviews: list[Review] = []
+    errors: list[str] = []
+    invalid: list[dict[str, Any]] = []
     for label, doc in _documents(path):
         try:
             r = review(doc)
         except SpecError as exc:
             errors += [f"{label}: {p}: {m}" for p, m in exc.problems]
+            invalid.append(
+                {"fits": False, "resource": label, "errors": [f"{p}: {m}" for p, m in exc.problems]}
+            )
             continue
         errors += [f"{label}: {p}: {m}" for p, m in r.plan.errors]
         reviews.append(r)
-    return reviews, errors
+    return reviews, errors, invalid
 
 
 def _table(r: Review) -> str:
@@ -96,9 +102,9 @@ def _quote(arg: str) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    reviews, errors = _review_all(args.file)
+    reviews, errors, invalid = _review_all(args.file)
     if args.output == "json":
-        plans = [r.plan_dict() for r in reviews]
+        plans = [r.plan_dict() for r in reviews] + invalid
         json.dump(plans[0] if len(plans) == 1 else plans, sys.stdout, indent=2)
         print()
     else:
@@ -109,7 +115,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    reviews, errors = _review_all(args.file)
+    reviews, errors, _ = _review_all(args.file)
     if errors:
         for e in errors:
             print(f"error: {e}", file=sys.stderr)
@@ -168,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

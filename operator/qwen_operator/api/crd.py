@@ -123,16 +123,20 @@ def status_schema() -> dict[str, Any]:
         "type": "object",
         "description": "Observed state, written by the operator.",
         "properties": {
-            "observedGeneration": {"type": "integer", "format": "int64"},
+            "observedGeneration": {
+                "type": "integer",
+                "format": "int64",
+                "description": "metadata.generation of the spec this status describes.",
+            },
             "phase": {"type": "string", "description": "Ready, Progressing, Degraded or Invalid."},
             "replicas": {"type": "integer", "description": "Engine pods that exist."},
             "readyReplicas": {"type": "integer", "description": "Engine pods that are ready."},
             "desiredReplicas": {"type": "integer", "description": "Replicas wanted (by spec or HPA)."},
             "replicasSummary": {"type": "string", "description": "ready/desired, for kubectl get."},
             "selector": {"type": "string", "description": "Label selector of the engine pods."},
-            "gpu": {"type": "string"},
-            "tensorParallelSize": {"type": "integer"},
-            "maxModelLen": {"type": "integer"},
+            "gpu": {"type": "string", "description": "GPU type in effect."},
+            "tensorParallelSize": {"type": "integer", "description": "Tensor parallel size in effect."},
+            "maxModelLen": {"type": "integer", "description": "Context length in effect (YaRN above 32768)."},
             "endpoint": {"type": "string", "description": "In-cluster URL of the OpenAI API."},
             "rolloutStrategy": {"type": "string", "description": "Surge or InPlace, with the reason."},
             "plan": {
@@ -142,6 +146,8 @@ def status_schema() -> dict[str, Any]:
             },
             "conditions": {
                 "type": "array",
+                "description": "Typed conditions: Ready, ConfigValid, CapacityFit, Scheduled, Progressing, "
+                "ScalingReady, MonitoringReady.",
                 "items": _condition_schema(),
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],

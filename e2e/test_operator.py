@@ -351,10 +351,11 @@ def test_noop_resync_writes_nothing(
         secrets_for(cluster, body)
         apply(cluster, body)
     for example in EXAMPLES:
-        wait_condition(
-            cluster, namespace, yaml.safe_load(example.read_text())["metadata"]["name"], "Ready", "True"
-        )
-    time.sleep(3)  # let the last status writes settle
+        name = yaml.safe_load(example.read_text())["metadata"]["name"]
+        wait_condition(cluster, namespace, name, "Ready", "True")
+        wait_condition(cluster, namespace, name, "Progressing", "False")
+    # Settled: the running operator has had nothing to write for a few seconds.
+    wait_until(lambda: not _audit_writes(cluster, time.time() - 4), 60, "operator writes to stop")
 
     # A restart re-lists every object (resume); a short resync period exercises the timer path too.
     operator.stop()
@@ -368,4 +369,6 @@ def test_noop_resync_writes_nothing(
         restarted.stop()
         operator.start()
     assert reconciles >= 2 * len(EXAMPLES), f"only {reconciles} reconciles ran"
-    assert writes == [], "\n".join(f"{w['verb']} {w['requestURI']}" for w in writes)
+    assert writes == [], "writes after restart:\n" + "\n".join(
+        f"{w['verb']} {w['requestURI']}" for w in writes
+    )

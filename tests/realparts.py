@@ -266,6 +266,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 out = Path(sys.argv[1])
+hidden, layers = int(sys.argv[2]), int(sys.argv[3])
 special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>",
            "</tool_call>"]
 text = ["The quick brown fox jumps over the lazy dog.", "Qwen3 serves chat completions on vLLM.",
@@ -292,7 +293,8 @@ fast = PreTrainedTokenizerFast(
 fast.save_pretrained(out)
 torch.manual_seed(0)
 config = Qwen3Config(
-    vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+    vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+    num_attention_heads=2,
     num_key_value_heads=1, head_dim=64, max_position_embeddings=4096, rope_theta=1_000_000.0,
     tie_word_embeddings=False, eos_token_id=fast.convert_tokens_to_ids("<|im_end|>"),
     pad_token_id=fast.convert_tokens_to_ids("<|endoftext|>"), bos_token_id=None,
@@ -302,11 +304,15 @@ print("tiny model written to", out)
 """
 
 
-def build_tiny_model(dest: Path) -> Path:
-    """Write the tiny random Qwen3 model and tokenizer into dest (about 5 s); returns dest."""
+def build_tiny_model(dest: Path, hidden_size: int = 128, num_layers: int = 2) -> Path:
+    """Write the tiny random Qwen3 model and tokenizer into dest (about 5 s); returns dest.
+
+    The defaults make the tests' model; the benchmark asks for a wider, deeper one so that prefill
+    costs enough for prefix caching to show. Two heads of 64 and one KV head whatever the width.
+    """
     dest.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [str(vllm_python()), "-c", _TINY_MODEL_SCRIPT, str(dest)],
+        [str(vllm_python()), "-c", _TINY_MODEL_SCRIPT, str(dest), str(hidden_size), str(num_layers)],
         check=True,
         capture_output=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},

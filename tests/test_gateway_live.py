@@ -240,12 +240,13 @@ def test_chat_completions_and_models(live: Live) -> None:
     assert [m["id"] for m in models.json()["data"]] == [SERVED_MODEL]
 
 
-def test_streaming_arrives_chunk_by_chunk(live: Live) -> None:
+def _timed_stream(stack: GatewayStack) -> tuple[list[str], list[float]]:
+    """Events of a 900-token stream and the time each arrived."""
     start = time.monotonic()
     arrivals: list[float] = []
     events: list[str] = []
-    body = _completion("Stream this", max_tokens=600, stream=True, ignore_eos=True)
-    with _post(live.main, "/v1/completions", body) as response:
+    body = _completion("Stream this", max_tokens=900, stream=True, ignore_eos=True)
+    with _post(stack, "/v1/completions", body) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         assert "content-length" not in response.headers
@@ -258,13 +259,23 @@ def test_streaming_arrives_chunk_by_chunk(live: Live) -> None:
                 if line.startswith(b"data: "):
                     events.append(line[6:].decode())
                     arrivals.append(now)
-    assert events[-1] == "[DONE]"
-    assert len(events) >= 600
-    assert sum(len(json.loads(e)["choices"][0]["text"]) > 0 for e in events[:-1] if "choices" in e) > 100
-    # Unbuffered: the first token arrives early, long before the last; the stream spreads over many reads.
-    first, last = arrivals[0], arrivals[-1]
-    assert first < 0.5 * last, (first, last)
-    assert len(set(arrivals)) > 20, "the events arrived in a handful of reads: buffered"
+    return events, arrivals
+
+
+def test_streaming_arrives_chunk_by_chunk(live: Live) -> None:
+    tries = []
+    for _ in range(3):  # best of three: on a busy shared machine the client may stall for a second
+        events, arrivals = _timed_stream(live.main)
+        assert events[-1] == "[DONE]"
+        assert len(events) >= 900
+        tokens = [json.loads(e)["choices"][0]["text"] for e in events[:-1] if json.loads(e)["choices"]]
+        assert sum(len(t) > 0 for t in tokens) > 100
+        first, last, reads = arrivals[0], arrivals[-1], len(set(arrivals))
+        tries.append((round(first, 3), round(last, 3), reads))
+        # Unbuffered: the first token arrives long before the last, over many reads.
+        if first < 0.5 * last and reads > 20:
+            return
+    raise AssertionError(f"events arrived all at once (first s, last s, reads): {tries}")
 
 
 def test_missing_or_wrong_key_gets_openai_style_401(live: Live) -> None:

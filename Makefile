@@ -23,6 +23,7 @@ setup: $(VENV)/.installed ## venv, system packages, vLLM CPU engine env, dev clu
 	bash tools/system-packages.sh
 	bash tools/vllm-env.sh $(VLLM_ENV) $(VLLM_VERSION) $(ROUTER_VERSION)
 	$(DEVCLUSTER) build
+	PYTHONPATH=tests $(PY) -c 'import realparts as r; r.nginxlog_exporter_bin(); r.nginx_exporter_bin()'
 
 lint: $(VENV)/.installed ## ruff, mypy, import-linter
 	$(VENV)/bin/ruff check operator tests e2e tools bench

@@ -4,13 +4,16 @@ Two real vLLM CPU engines serve a small random Qwen3 model; the gateway runs exa
 renders it (nginx.conf, run-nginx.sh, vllm-router's command line). Everything is measured in one run on
 the same engines, with the compared variants interleaved, so machine noise hits both sides alike:
 
-1. Latency added by the gateway: small completions one at a time (p50, p99), time to first token of
-   streamed completions (p50, p99), and throughput at 16 concurrent requests, gateway against calling
-   the engines directly (client-side round robin).
-2. Routing policy near saturation: requests that share long prompt prefixes (a dozen "system prompts"),
-   arriving as a Poisson stream at 90% of the measured capacity; TTFT p50/p99 of cache_aware (the
-   default) against round_robin. The engines' KV cache is sized so that all prefixes fit on one engine
-   only if each engine sees about half of them.
+1. Latency added by the gateway: small completions one at a time (p50, p99) and the time to first
+   token of streamed ones (p50, p99), calling engine A directly against the gateway routing to A alone
+   (requests alternate between the variants, so both see the engine equally warm); then throughput at
+   16 concurrent requests over both engines, direct (client-side round robin) against the gateway.
+   The gateway runs with cache_aware (the default) and with round_robin: cache_aware costs one extra
+   call to an engine per request (see docs/gateway.md).
+2. Routing policy near saturation: requests that share long prompt prefixes (24 "system prompts"),
+   arriving as a Poisson stream at 90% of the measured capacity; TTFT p50/p99 of cache_aware against
+   round_robin. The engines' KV cache holds about half the prefixes plus a full batch, so prefixes stay
+   cached only if each engine sees about half of them.
 
 Not a pass/fail test. Usage: .venv/bin/python bench/gateway_bench.py [--quick] [--json FILE]
 """
@@ -22,7 +25,6 @@ import asyncio
 import itertools
 import json
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -41,9 +43,10 @@ from qwen_operator.api.review import Review, review  # noqa: E402
 
 MODEL = realparts.SERVED_MODEL
 API_KEY = "sk-bench-0123456789abcdef"
-#: Engine KV cache in 16-token blocks: room for the running batch plus about half the prefixes.
-KV_BLOCKS = 448
-PREFIX_GROUPS = 12
+#: Engine KV cache in blocks of 128 tokens (the CPU backend's size): about half the prefixes (12 x 3
+#: full blocks) plus a full batch (8 x 4 blocks); all 24 prefixes and a batch would need 104.
+KV_BLOCKS = 72
+PREFIX_GROUPS = 24
 PREFIX_TOKENS = 480
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -53,7 +56,9 @@ SENTENCES = [
 ]
 
 
-def _cr(policy: str) -> dict[str, Any]:
+def _cr(policy: str, max_num_seqs: int = 8) -> dict[str, Any]:
+    """The benchmark's QwenDeployment. max_num_seqs also sets the router's balance threshold (a quarter of
+    it): 256 renders vllm-router's own default of 64, for comparison; the engines always run 8."""
     return {
         "apiVersion": "inference.qwenops.dev/v1alpha1",
         "kind": "QwenDeployment",
@@ -62,7 +67,7 @@ def _cr(policy: str) -> dict[str, Any]:
             "model": {"name": MODEL},
             "gpu": {"type": "A100-80GB"},
             "parallelism": {"tensor": 2},
-            "engine": {"maxModelLen": 1024, "maxNumSeqs": 8, "maxNumBatchedTokens": 2048},
+            "engine": {"maxModelLen": 1024, "maxNumSeqs": max_num_seqs, "maxNumBatchedTokens": 2048},
             "replicas": 2,
             "gateway": {
                 "apiKeysSecret": "bench-keys",
@@ -96,10 +101,11 @@ class Run:
         return [s for s in self.samples if s.ok]
 
     def pct(self, q: float, ttft: bool = False) -> float:
-        values = sorted(s.ttft if ttft else s.latency for s in self.ok() if not ttft or s.ttft is not None)
+        picked = [s.ttft if ttft else s.latency for s in self.ok()]
+        values = sorted(v for v in picked if v is not None)
         if not values:
             return float("nan")
-        return values[min(len(values) - 1, int(q / 100 * len(values)))]  # type: ignore[return-value]
+        return values[min(len(values) - 1, int(q / 100 * len(values)))]
 
     @property
     def throughput(self) -> float:
@@ -172,9 +178,10 @@ async def _closed_loop(label: str, target: Target, make_body: Callable[[], dict[
 
 
 async def _open_loop(label: str, target: Target, make_body: Callable[[], dict[str, Any]], rate: float,
-                     seconds: float, rng: random.Random) -> Run:  # fmt: skip
+                     seconds: float) -> Run:  # fmt: skip
     """Poisson arrivals at `rate` per second for `seconds`, whatever the latency (no coordinated omission)."""
     run = Run(label)
+    arrivals = random.Random(11)  # the same arrival times in every run
     tasks: list[Awaitable[Sample]] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         start = time.perf_counter()
@@ -185,7 +192,7 @@ async def _open_loop(label: str, target: Target, make_body: Callable[[], dict[st
             tasks.append(
                 asyncio.ensure_future(_request(session, f"{base}/v1/completions", make_body(), headers))
             )
-            next_at += rng.expovariate(rate)
+            next_at += arrivals.expovariate(rate)
         run.samples = list(await asyncio.gather(*tasks))
         run.seconds = time.perf_counter() - start
     return run
@@ -244,12 +251,10 @@ def _metric(engine: str, name: str) -> float:
 def _start_engines(model: Path, rev: Review, count: int, log_dir: Path) -> list[realparts.Proc]:
     extra = [*realparts.test_engine_args(rev.command), "--num-gpu-blocks-override", str(KV_BLOCKS)]
     # One core per engine, as each replica would have its own GPU.
-    engines = [
-        realparts.spawn_engine(
-            model, extra_args=extra, env={"VLLM_CPU_OMP_THREADS_BIND": str(i % 2)}, log_dir=log_dir
-        )  # fmt: skip
-        for i in range(count)
-    ]
+    engines = []
+    for i in range(count):
+        env = {"VLLM_CPU_OMP_THREADS_BIND": str(i % 2)}
+        engines.append(realparts.spawn_engine(model, extra_args=extra, env=env, log_dir=log_dir))
     try:
         for engine in engines:
             realparts.wait_ready(engine, "/health", realparts.ENGINE_START_SECONDS)
@@ -260,135 +265,171 @@ def _start_engines(model: Path, rev: Review, count: int, log_dir: Path) -> list[
     return engines
 
 
-def _fmt(value: float, unit: str = "ms") -> str:
-    return f"{value * 1000:8.1f} {unit}" if unit == "ms" else f"{value:8.1f} {unit}"
-
-
-def _ratio(a: float, b: float) -> str:
-    return f"{a / b:6.2f}x" if b else "   n/a"
-
-
-async def _overhead(engines: Sequence[str], gateway_url: str, rounds: int, count: int) -> dict[str, Run]:
-    small = {"model": MODEL, "prompt": "Hello there", "max_tokens": 4, "ignore_eos": True}
-    stream = {**small, "max_tokens": 16, "stream": True}
-    runs: dict[str, Run] = {}
-    targets = {"direct": _direct(engines), "gateway": _gateway(gateway_url)}
-    for _ in range(rounds):
-        for name, target in targets.items():
-            for kind, body in (("latency", small), ("ttft", stream)):
-                run = await _sequential(name, target, body, count)
-                runs.setdefault(f"{name}/{kind}", Run(name)).samples += run.samples
-            run = await _closed_loop(name, target, lambda: small, users=16, seconds=6)
-            merged = runs.setdefault(f"{name}/c16", Run(name))
-            merged.samples += run.samples
-            merged.seconds += run.seconds
+async def _alternating(targets: dict[str, Target], body: dict[str, Any], count: int) -> dict[str, Run]:
+    """`count` requests per target, one at a time, taking the targets in turn."""
+    runs = {name: Run(name) for name in targets}
+    async with aiohttp.ClientSession() as session:
+        for i in range(count):
+            names = list(targets)
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                base, headers = targets[name]()
+                runs[name].samples.append(await _request(session, f"{base}/v1/completions", body, headers))
     return runs
 
 
-def _print_overhead(runs: dict[str, Run]) -> dict[str, float]:
-    d, g = runs["direct/latency"], runs["gateway/latency"]
-    dt, gt = runs["direct/ttft"], runs["gateway/ttft"]
-    dc, gc = runs["direct/c16"], runs["gateway/c16"]
-    print("\n1. Latency added by the gateway (nginx + vllm-router), same engines, interleaved rounds")
-    print(f"   {'':24} {'direct':>11} {'gateway':>11} {'ratio':>8} {'added':>10}")
-    rows = [
-        ("completion p50", d.pct(50), g.pct(50)),
-        ("completion p99", d.pct(99), g.pct(99)),
-        ("stream TTFT p50", dt.pct(50, ttft=True), gt.pct(50, ttft=True)),
-        ("stream TTFT p99", dt.pct(99, ttft=True), gt.pct(99, ttft=True)),
-    ]
-    out: dict[str, float] = {}
-    for name, a, b in rows:
-        print(f"   {name:24} {_fmt(a)} {_fmt(b)} {_ratio(b, a)} {_fmt(b - a)}")
-        out[name] = b / a if a else float("nan")
-    print(
-        f"   {'throughput, 16 at once':24} {_fmt(dc.throughput, 'r/s')} {_fmt(gc.throughput, 'r/s')}"
-        f" {_ratio(gc.throughput, dc.throughput)}"
-    )
-    out["throughput c16"] = gc.throughput / dc.throughput if dc.throughput else float("nan")
-    errors = {k: r.errors for k, r in runs.items() if r.errors}
-    if errors:
-        print(f"   errors: {errors}")
-    return out
+async def _overhead(single: dict[str, Target], both: dict[str, Target], args: argparse.Namespace) -> Table:
+    small = {"model": MODEL, "prompt": "Hello there", "max_tokens": 4, "ignore_eos": True}
+    stream = {**small, "max_tokens": 16, "stream": True}
+    latency = await _alternating(single, small, args.count)
+    ttft = await _alternating(single, stream, args.count)
+    throughput: dict[str, Run] = {name: Run(name) for name in both}
+    for round_no in range(args.rounds):
+        names = list(both) if round_no % 2 == 0 else list(reversed(both))
+        for name in names:
+            run = await _closed_loop(name, both[name], lambda: small, users=16, seconds=args.c16_seconds)
+            throughput[name].samples += run.samples
+            throughput[name].seconds += run.seconds
+    table = Table(list(single))
+    table.row("completion p50", [latency[n].pct(50) for n in single])
+    table.row("completion p99", [latency[n].pct(99) for n in single])
+    table.row("stream TTFT p50", [ttft[n].pct(50, ttft=True) for n in single])
+    table.row("stream TTFT p99", [ttft[n].pct(99, ttft=True) for n in single])
+    table.row("throughput, 16 at once", [throughput[n].throughput for n in both], unit="r/s")
+    errors = sum(r.errors for group in (latency, ttft, throughput) for r in group.values())
+    table.note = f"errors: {errors}"
+    return table
 
 
-async def _policies(engines: Sequence[str], model_rev: Any, args: argparse.Namespace,
-                    workload: PrefixWorkload, rng: random.Random) -> dict[str, Any]:  # fmt: skip
-    # Capacity with the baseline policy, on fresh prefixes.
-    with realparts.start_gateway(review(_cr("round_robin")), engines, {"bench": API_KEY}) as stack:
+class Table:
+    """Rows of values per variant, printed with ratios against the first variant."""
+
+    def __init__(self, columns: list[str]) -> None:
+        self.columns = columns
+        self.rows: list[tuple[str, list[float], str]] = []
+        self.note = ""
+
+    def row(self, label: str, values: list[float], unit: str = "ms") -> None:
+        self.rows.append((label, values, unit))
+
+    def print(self) -> None:
+        width = 26
+        print("   " + " " * 24 + "".join(f"{c:>{width}}" for c in self.columns))
+        for label, values, unit in self.rows:
+            cells = []
+            for i, value in enumerate(values):
+                if unit == "ms":
+                    shown = f"{value * 1000:.1f} ms"
+                elif unit == "%":
+                    shown = f"{value * 100:.0f} %"
+                else:
+                    shown = f"{value:.1f} {unit}"
+                if i:
+                    shown += f" ({value / values[0]:.2f}x)" if values[0] else ""
+                cells.append(shown)
+            print(f"   {label:24}" + "".join(f"{c:>{width}}" for c in cells))
+        if self.note:
+            print(f"   {self.note}")
+
+    def ratios(self) -> dict[str, dict[str, float]]:
+        return {
+            label: {c: v / values[0] for c, v in zip(self.columns[1:], values[1:], strict=True) if values[0]}
+            for label, values, _ in self.rows
+        }
+
+
+async def _policies(engines: Sequence[str], args: argparse.Namespace, workload: PrefixWorkload) -> Table:
+    keys = {"bench": API_KEY}
+    with realparts.start_gateway(review(_cr("round_robin")), engines, keys) as stack:  # the baseline
         workload.fresh("capacity")
-        cap = await _closed_loop(
-            "capacity", _gateway(stack.url), workload.body, users=16, seconds=args.capacity_seconds
-        )
+        cap = await _closed_loop("capacity", _gateway(stack.url), workload.body, 16, args.capacity_seconds)
     rate = 0.9 * cap.throughput
     print(f"\n2. Routing policy near saturation: {PREFIX_GROUPS} shared prefixes of ~{PREFIX_TOKENS} tokens,")
-    print(f"   16-token answers; capacity with round_robin {cap.throughput:.1f} req/s, Poisson arrivals at")
-    print(
-        f"   {rate:.1f} req/s (90%) for {args.policy_seconds:.0f} s per run, {args.rounds} interleaved rounds"
-    )
-    runs: dict[str, Run] = {}
-    hits: dict[str, list[float]] = {}
+    print(f"   16-token streamed answers; capacity with round_robin {cap.throughput:.1f} req/s; Poisson")
+    print(f"   arrivals at {rate:.1f} req/s (90%), {args.policy_seconds:.0f} s per run, {args.rounds} rounds")
+    variants = {
+        "round_robin": _cr("round_robin"),
+        "cache_aware": _cr("cache_aware"),  # as rendered: balance threshold maxNumSeqs / 4 = 2
+        "cache_aware balance 64": _cr("cache_aware", max_num_seqs=256),  # vllm-router's default
+    }
+    names = list(variants)
+    runs = {n: Run(n) for n in names}
+    hits = {n: [0.0, 0.0] for n in names}
+    routing: dict[str, dict[str, float]] = {n: {} for n in names}
     for round_no in range(args.rounds):
-        for policy in ("round_robin", "cache_aware"):
-            with realparts.start_gateway(review(_cr(policy)), engines, {"bench": API_KEY}) as stack:
-                workload.fresh(f"{policy}-{round_no}")
+        for name in names[round_no % len(names) :] + names[: round_no % len(names)]:
+            with realparts.start_gateway(review(variants[name]), engines, keys) as stack:
+                workload.fresh(f"{name}-{round_no}")  # new prefixes: nothing cached yet
                 before = _prefix_hits(engines)
-                run = await _open_loop(
-                    policy, _gateway(stack.url), workload.body, rate, args.policy_seconds, rng
-                )
+                run = await _open_loop(name, _gateway(stack.url), workload.body, rate, args.policy_seconds)
                 after = _prefix_hits(engines)
-            merged = runs.setdefault(policy, Run(policy))
-            merged.samples += run.samples
-            merged.seconds += run.seconds
-            h = hits.setdefault(policy, [0.0, 0.0])
-            h[0] += after[0] - before[0]
-            h[1] += after[1] - before[1]
-    rr, ca = runs["round_robin"], runs["cache_aware"]
-    print(f"   {'':24} {'round_robin':>11} {'cache_aware':>11} {'ratio':>8}")
-    out: dict[str, Any] = {"capacity_rps": cap.throughput, "rate_rps": rate}
-    for name, q in (("TTFT p50", 50), ("TTFT p90", 90), ("TTFT p99", 99)):
-        a, b = rr.pct(q, ttft=True), ca.pct(q, ttft=True)
-        print(f"   {name:24} {_fmt(a)} {_fmt(b)} {_ratio(b, a)}")
-        out[name] = b / a if a else float("nan")
-    for name, q in (("latency p99", 99),):
-        a, b = rr.pct(q), ca.pct(q)
-        print(f"   {name:24} {_fmt(a)} {_fmt(b)} {_ratio(b, a)}")
-    print(f"   {'throughput':24} {_fmt(rr.throughput, 'r/s')} {_fmt(ca.throughput, 'r/s')}")
-    rates = {p: (h[0] / h[1] if h[1] else 0.0) for p, h in hits.items()}
-    print(f"   {'prefix cache hit rate':24} {rates['round_robin']:10.0%} {rates['cache_aware']:11.0%}")
-    print(f"   {'errors':24} {rr.errors:11d} {ca.errors:11d}")
-    out["prefix_hit_rate"] = rates
+                for metric, value in _router_routing(stack.router_metrics_url).items():
+                    routing[name][metric] = routing[name].get(metric, 0.0) + value
+            runs[name].samples += run.samples
+            runs[name].seconds += run.seconds
+            hits[name] = [hits[name][0] + after[0] - before[0], hits[name][1] + after[1] - before[1]]
+    table = Table(names)
+    for label, q in (("TTFT p50", 50), ("TTFT p90", 90), ("TTFT p99", 99)):
+        table.row(label, [runs[n].pct(q, ttft=True) for n in names])
+    table.row("latency p99", [runs[n].pct(99) for n in names])
+    table.row("throughput", [runs[n].throughput for n in names], unit="r/s")
+    table.row("prefix cache hit rate", [h / q if q else 0.0 for h, q in hits.values()], unit="%")
+    table.note = f"errors: {[runs[n].errors for n in names]}; router: {routing}"
+    return table
+
+
+def _router_routing(url: str) -> dict[str, float]:
+    """Cache-aware routing outcomes from vllm-router's metrics (empty for other policies)."""
+    text = realparts.http_get(url, timeout=5)[1]
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        for name in ("vllm_router_cache_hits_total", "vllm_router_cache_misses_total",
+                     "vllm_router_load_balancing_events_total"):  # fmt: skip
+            if line.startswith(name):
+                key = name.removeprefix("vllm_router_").removesuffix("_total")
+                out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    rng = random.Random(7)
     work = Path(tempfile.mkdtemp(prefix="qwen-gateway-bench-"))
     print(f"[bench] model, engines and logs under {work}", flush=True)
     model = realparts.build_tiny_model(work / "model", hidden_size=args.hidden, num_layers=args.layers)
-    rev = review(_cr("cache_aware"))
     t0 = time.monotonic()
-    engines = _start_engines(model, rev, 2, work / "logs")
+    engines = _start_engines(model, review(_cr("cache_aware")), 2, work / "logs")
     print(f"[bench] 2 engines ready in {time.monotonic() - t0:.0f} s", flush=True)
     urls = [e.url for e in engines]
+    a = urls[0]
+    keys = {"bench": API_KEY}
     try:
-        with realparts.start_gateway(rev, urls, {"bench": API_KEY}) as stack:
-            # Warm up both paths (connections, tokenizer caches).
-            await _sequential("warm", _direct(urls), {"model": MODEL, "prompt": "hi", "max_tokens": 2}, 20)
-            await _sequential(
-                "warm", _gateway(stack.url), {"model": MODEL, "prompt": "hi", "max_tokens": 2}, 20
-            )
-            overhead = _print_overhead(await _overhead(urls, stack.url, args.rounds, args.count))
-        workload = PrefixWorkload(await _chars_per_token(urls[0]), rng)
-        policies = await _policies(urls, rev, args, workload, rng)
+        with (
+            realparts.start_gateway(review(_cr("cache_aware")), [a], keys) as ca_a,
+            realparts.start_gateway(review(_cr("round_robin")), [a], keys) as rr_a,
+            realparts.start_gateway(review(_cr("cache_aware")), urls, keys) as ca_ab,
+            realparts.start_gateway(review(_cr("round_robin")), urls, keys) as rr_ab,
+        ):
+            single = {
+                "direct": _direct([a]),
+                "cache_aware": _gateway(ca_a.url),
+                "round_robin": _gateway(rr_a.url),
+            }
+            both = {
+                "direct": _direct(urls),
+                "cache_aware": _gateway(ca_ab.url),
+                "round_robin": _gateway(rr_ab.url),
+            }
+            warm = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+            await _alternating(single | {f"{k} ab": v for k, v in both.items()}, warm, 10)
+            overhead = await _overhead(single, both, args)
+        print("\n1. Latency added by the gateway (nginx + vllm-router), as rendered, same engines")
+        print("   (first four rows: one engine, requests alternating; throughput: both engines)")
+        overhead.print()
+        workload = PrefixWorkload(await _chars_per_token(a), random.Random(7))
+        policies = await _policies(urls, args, workload)
+        policies.print()
     finally:
         for engine in engines:
             engine.stop()
-    return {
-        "overhead_ratios": overhead,
-        "policies": policies,
-        "model": {"hidden": args.hidden, "layers": args.layers},
-    }
+    return {"overhead": overhead.ratios(), "policies": policies.ratios(), "model": vars(args)}
 
 
 def main() -> None:
@@ -399,14 +440,15 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4, help="layers of the random model")
     args = parser.parse_args()
     args.rounds = 1 if args.quick else 2
-    args.count = 20 if args.quick else 60
+    args.count = 20 if args.quick else 100
+    args.c16_seconds = 4.0 if args.quick else 8.0
     args.capacity_seconds = 5.0 if args.quick else 12.0
     args.policy_seconds = 8.0 if args.quick else 30.0
     result = asyncio.run(main_async(args))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
-    print(f"\n[bench] ratios: {json.dumps(result)}")
+        args.json.write_text(json.dumps(result, indent=2, default=str))
+    print(f"\n[bench] ratios: {json.dumps(result, default=str)}")
 
 
 if __name__ == "__main__":

@@ -1,29 +1,42 @@
-"""Real processes for tests: the vLLM CPU engine, vllm-router, nginx and the nginx log exporter.
+"""Real processes for tests: the vLLM CPU engine, vllm-router, nginx and the two nginx exporters.
 
 Everything binds to 127.0.0.1 on ports chosen at run time, runs in its own session (process group)
 and is always stopped by signalling that group. Output goes to a log file whose tail is shown when a
 process fails to become ready.
+
+The API, in short:
+  tiny_model                  session fixture: directory of a tiny random Qwen3 model + ChatML tokenizer
+  build_tiny_model(dir)       the same, outside pytest (the benchmark makes a wider one)
+  start_engine(model, ...)    context manager: a ready vLLM engine (Proc: .url, .port, .log, .stop())
+  spawn_engine + wait_ready   the same in two steps, to start several engines side by side
+  test_engine_args(command)   the operator's rendered engine flags minus the machine-specific ones
+  start_gateway(review, urls, api_keys, engine_key)
+                              the gateway exactly as rendered (nginx via run-nginx.sh, vllm-router,
+                              exporters) in front of running engines (GatewayStack: .url, .set_api_keys())
+  vllm_python(), vllm_router_bin(), nginx_bin(), ...   paths of the real parts
 
 Use in a test module::
 
     from realparts import start_engine, tiny_model  # noqa: F401 (tiny_model is a fixture)
 
     def test_something(tiny_model):
-        with start_engine(tiny_model) as engine:
-            requests.get(f"{engine.url}/v1/models")
+        with start_engine(tiny_model, extra_args=["--reasoning-parser", "qwen3"]) as engine:
+            requests.post(f"{engine.url}/v1/completions", json={...})
 
-Missing parts (the cached vLLM venv, nginx, Go) skip the test with the command that installs them,
-unless QWEN_REQUIRE_REAL_PARTS is set (CI sets it): then they fail it.
+Missing parts (the cached vLLM venv, nginx, Go for the exporters) skip the test with the command that
+installs them, unless QWEN_REQUIRE_REAL_PARTS is set (CI sets it): then they fail it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -107,8 +120,6 @@ def _build_go_module(go: str, module: str, version: str, out: Path) -> None:
     info = subprocess.run(
         [go, "mod", "download", "-json", f"{module}@{version}"], check=True, capture_output=True, text=True
     )
-    import json
-
     src = Path(json.loads(info.stdout)["Dir"])
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp) / "src"
@@ -651,3 +662,63 @@ def start_gateway(
         yield stack
     finally:
         stack.stop()
+
+
+# --- a paced event source -----------------------------------------------------------------------------
+
+#: An upstream that sends one server-sent event every `interval` seconds: it shows whether everything
+#: between it and the client forwards each event at once, independently of a busy engine's own pacing.
+_PACED_SSE_SCRIPT = r"""
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+port, count, interval = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status, body, ctype="application/json"):
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._send(200, "{}" if self.path == "/health" else json.dumps({"object": "list", "data": []}))
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        print("POST", self.path, flush=True)
+        if self.path not in ("/v1/completions", "/v1/chat/completions"):
+            self._send(404, json.dumps({"detail": "Not Found"}))
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for i in range(count):
+            event = "data: " + json.dumps({"i": i, "t": time.time()}) + "\n\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event.encode()))
+            self.wfile.flush()
+            time.sleep(interval)
+        done = "data: [DONE]\n\n"
+        self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done.encode()))
+
+ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+@contextlib.contextmanager
+def start_paced_sse_source(count: int = 20, interval: float = 0.1) -> Iterator[Proc]:
+    """A fake engine on 127.0.0.1 streaming `count` events `interval` s apart to any POST."""
+    port = free_port()
+    argv = [sys.executable, "-c", _PACED_SSE_SCRIPT, str(port), str(count), str(interval)]
+    proc = spawn(f"paced-sse-{port}", argv, _log_dir(), port=port)
+    with running(proc):
+        wait_ready(proc, "/health", 20)
+        yield proc

@@ -68,7 +68,8 @@ def _one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 
 
 def _pod(rev: Review) -> dict[str, Any]:
-    return _one(build_gateway(rev), "Deployment")["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+    pod: dict[str, Any] = _one(build_gateway(rev), "Deployment")["spec"]["template"]["spec"]
+    return pod
 
 
 def _containers(rev: Review) -> dict[str, dict[str, Any]]:
@@ -336,13 +337,16 @@ def test_run_nginx_renders_keys_like_kubelet_mounts_them(tmp_path: Path) -> None
     root = _render(_with_engine_key(_review()), tmp_path, keys, "engine-secret\n")
     state = root / "state"
     lines = sorted((state / "keys.map").read_text().splitlines())
-    assert lines in (
-        ['"Bearer sk-aaaaaaaaaaaaaaaa" "copy-of-a";', '"Bearer sk-bbbbbbbbbbbbbbbb" "team-b";'],
-        ['"Bearer sk-aaaaaaaaaaaaaaaa" "team-a";', '"Bearer sk-bbbbbbbbbbbbbbbb" "team-b";'],
-    )
-    assert (
-        state / "engine-auth.conf"
-    ).read_text() == 'proxy_set_header Authorization "Bearer engine-secret";\n'
+    a, b = '"~^[Bb]earer +sk-aaaaaaaaaaaaaaaa$"', '"~^[Bb]earer +sk-bbbbbbbbbbbbbbbb$"'
+    assert lines in ([f'{a} "copy-of-a";', f'{b} "team-b";'], [f'{a} "team-a";', f'{b} "team-b";'])
+    engine_auth = (state / "engine-auth.conf").read_text()
+    assert engine_auth == 'proxy_set_header Authorization "Bearer engine-secret";\n'
+
+
+def test_regex_characters_in_keys_are_escaped(tmp_path: Path) -> None:
+    root = _render(_review(), tmp_path, {"team-a": "sk.a+b/c=d~e_f-g"}, None)
+    line = (root / "state" / "keys.map").read_text().strip()
+    assert line == r'"~^[Bb]earer +sk\.a\+b/c=d~e_f-g$" "team-a";'
 
 
 def test_without_an_engine_key_the_client_key_is_dropped(tmp_path: Path) -> None:

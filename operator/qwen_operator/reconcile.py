@@ -79,7 +79,7 @@ def _describe(obs: Observed, rev: Review) -> None:
     obs.autoscaling = qd.spec.autoscaling is not None
     obs.monitoring_requested = qd.spec.monitoring.service_monitor or qd.spec.monitoring.prometheus_rule
     obs.selector = ",".join(f"{k}={v}" for k, v in names.selector(qd, "engine").items())
-    obs.endpoint = names.endpoint(qd, qd.spec.gateway.service.port if qd.spec.gateway.enabled else 8000)
+    obs.endpoint = names.endpoint(qd, qd.spec.gateway.service.port)
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str, str]:

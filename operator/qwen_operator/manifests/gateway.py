@@ -47,9 +47,12 @@ LOG_METRICS_NAMESPACE = "qwen_gateway"
 SYSLOG_TAG = "qwen_gateway"
 RUN_AS = 10001  # the gateway image's user; the exporters run as it too
 MAX_BODY = "16m"
+BODY_BUFFER = "1m"
 RELOAD_INTERVAL_SECONDS = 5
 #: Time for the Service to stop sending new connections to a terminating pod before nginx drains.
 DRAIN_DELAY_SECONDS = 5
+#: Where Kubernetes clients (vllm-router's kube-rs) look for the in-cluster credentials.
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600]
 
 
@@ -105,10 +108,10 @@ class Limits:
         g = review.resource.spec.gateway
         rate = _per_pod(g.rate_limit.requests_per_minute, g.replicas)
         concurrent = _per_pod(g.max_concurrent_requests, g.replicas)
-        queue = _per_pod(g.queue_size, g.replicas) if g.queue_size else 0
+        queue = _per_pod(g.queue_size, g.replicas)
         return Limits(
             rate_per_minute=rate,
-            burst=_per_pod(g.rate_limit.burst, g.replicas) if g.rate_limit.burst else 0,
+            burst=_per_pod(g.rate_limit.burst, g.replicas),
             retry_after=max(1, math.ceil(60 / rate)),  # time for one request's worth to refill
             max_concurrent=concurrent,
             queue_size=queue,
@@ -213,6 +216,7 @@ def _template_values(review: Review) -> dict[str, Any]:
         "in_flight": limits.in_flight,
         "routes": OPENAI_ROUTES,
         "max_body": MAX_BODY,
+        "body_buffer": BODY_BUFFER,
         "syslog_tag": SYSLOG_TAG,
         "reload_interval": RELOAD_INTERVAL_SECONDS,
     }
@@ -283,11 +287,11 @@ def gateway_image(review: Review) -> str:
     return review.resource.spec.gateway.image or DEFAULT_GATEWAY_IMAGE
 
 
-def _restricted(read_only_root: bool = True) -> dict[str, Any]:
-    """Container securityContext that passes the restricted Pod Security Standard."""
+def _restricted() -> dict[str, Any]:
+    """Container securityContext of the restricted Pod Security Standard, with a read-only root."""
     return {
         "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": read_only_root,
+        "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
@@ -370,9 +374,6 @@ def _router_container(review: Review) -> dict[str, Any]:
             {"name": "kube-api-access", "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True},
         ],
     }
-
-
-SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 def _exporter_containers() -> list[dict[str, Any]]:

@@ -530,12 +530,25 @@ def test_scale_out_third_engine_gets_traffic(live: Live) -> None:
     # What Kubernetes discovery does when a new engine pod turns Ready: the router's own add_worker.
     added = HTTP.post(f"{stack.router_url}/add_worker", params={"url": c.url}, timeout=30)
     assert added.status_code == 200, added.text
+    _wait_for(
+        lambda: _metric(stack.router_metrics_url, "vllm_router_worker_health", worker=c.url) == 1,
+        30,
+        "the router to health-check the new engine",
+    )
     before = _engine_successes(c)
-    with ThreadPoolExecutor(4) as pool:
-        prompts = [f"{chr(65 + i)}{i * 7919} a new conversation" for i in range(16)]
-        responses = list(pool.map(lambda p: _post(stack, "/v1/completions", _completion(p)), prompts))
+    responses = []
+
+    def new_conversations() -> bool:
+        # Fresh prefixes, four at a time, until the new (least loaded, empty-cache) engine takes some.
+        with ThreadPoolExecutor(4) as pool:
+            prompts = [
+                f"{chr(65 + len(responses) % 26)}{len(responses) * 7919 + i} a new talk" for i in range(8)
+            ]
+            responses.extend(pool.map(lambda p: _post(stack, "/v1/completions", _completion(p)), prompts))
+        return _engine_successes(c) > before
+
+    _wait_for(new_conversations, 60, "the third engine to serve requests")
     assert all(r.status_code == 200 for r in responses), [r.text for r in responses if not r.ok]
-    assert _engine_successes(c) - before >= 1
     assert _metric(stack.router_metrics_url, "vllm_router_processed_requests_total", worker=c.url) >= 1
 
 

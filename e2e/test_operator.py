@@ -269,7 +269,13 @@ def test_drift_is_reverted_and_edits_roll_out(
         )
 
     wait_until(rolled, 30, "engine Deployment rolled with --max-model-len 16384")
-    obj = wait_condition(cluster, namespace, name, "Ready", "True")
+
+    def observed() -> dict[str, Any] | None:
+        obj = get_qwd(cluster, namespace, name)
+        current = obj["status"].get("observedGeneration") == obj["metadata"]["generation"]
+        return obj if current and condition(obj, "Ready")["status"] == "True" else None
+
+    obj = wait_until(observed, 60, "status of the new generation, Ready")
     assert obj["status"]["maxModelLen"] == 16384
 
 
@@ -332,7 +338,10 @@ def _audit_writes(cluster: Any, since: float) -> list[dict[str, Any]]:
         pytest.skip("this cluster keeps no audit log (only the dev cluster does)")
     writes = []
     for line in path.read_text().splitlines():
-        event = json.loads(line)
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:  # the apiserver is writing this line right now
+            continue
         stamp = calendar.timegm(time.strptime(event["requestReceivedTimestamp"][:19], "%Y-%m-%dT%H:%M:%S"))
         if (
             event["user"]["username"] == OPERATOR_USER

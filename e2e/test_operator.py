@@ -142,8 +142,19 @@ def test_example_becomes_ready(
         ("service", f"{name}-engine"),
         ("pdb", f"{name}-engine"),
         ("networkpolicy", f"{name}-engine"),
+        ("serviceaccount", f"{name}-gateway"),
+        ("role", f"{name}-gateway"),
+        ("rolebinding", f"{name}-gateway"),
+        ("configmap", f"{name}-gateway"),
     ):
         assert kubectl_json(cluster, "-n", namespace, "get", kind, child), f"{kind} {child} missing"
+    # The gateway's ServiceAccount may discover engine pods, and nothing more.
+    account = f"system:serviceaccount:{namespace}:{name}-gateway"
+    can = [
+        cluster.kubectl("auth", "can-i", verb, "pods", "-n", namespace, f"--as={account}", check=False)
+        for verb in ("watch", "delete")
+    ]
+    assert [c.stdout.strip() for c in can] == ["yes", "no"]
     monitoring = condition(obj, "MonitoringReady")
     assert (monitoring["status"], monitoring["reason"]) == ("False", "CRDNotInstalled")
 
@@ -307,6 +318,24 @@ def test_hpa_owns_replicas(cluster: Any, operator: OperatorProcess, namespace: s
         "status desiredReplicas=2",
     )
     assert _engine(cluster, namespace, name)["spec"]["replicas"] == 2
+
+    # Back to fixed replicas: the HPA the spec no longer wants is deleted, replicas written again.
+    cluster.kubectl(
+        "-n",
+        namespace,
+        "patch",
+        "qwd",
+        name,
+        "--type=merge",
+        "-p",
+        '{"spec":{"autoscaling":null,"replicas":1}}',
+    )
+    wait_until(
+        lambda: kubectl_json(cluster, "-n", namespace, "get", "hpa", f"{name}-engine") is None,
+        30,
+        "HPA deleted",
+    )
+    wait_until(lambda: _engine(cluster, namespace, name)["spec"]["replicas"] == 1, 30, "replicas back to 1")
 
 
 def test_delete_garbage_collects_everything(cluster: Any, operator: OperatorProcess, namespace: str) -> None:

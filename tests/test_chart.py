@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from devcluster.build import K8S_VERSION, bin_dir
+from qwen_operator import cli
 from qwen_operator.api.crd import crd
 from realparts import missing
 
@@ -190,8 +191,10 @@ def test_namespaced_scope_watches_listed_namespaces_only() -> None:
         "--namespace=llm",
         "--namespace=team-a",
         "--metrics-port=8080",
-        "--standalone",
+        "--log-level=debug",
     ]
+    args = cli.parser().parse_args(main["args"])  # the operator's own parser accepts them
+    assert (args.namespace, args.log_level) == (["llm", "team-a"], "debug")
 
 
 def test_image_by_digest_ignores_the_tag() -> None:
@@ -205,12 +208,12 @@ def test_extra_args_and_env_are_appended() -> None:
     main = container(
         render(
             None,
-            "operator.extraArgs[0]=--standalone",
+            "operator.extraArgs[0]=--log-level=warning",
             "operator.extraEnv[0].name=X",
             "operator.extraEnv[0].value=one",
         )
     )
-    assert main["args"][-1] == "--standalone"
+    assert main["args"][-1] == "--log-level=warning"
     assert main["env"][-1] == {"name": "X", "value": "one"}
 
 

@@ -135,12 +135,7 @@ def cmd_crd(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from .handlers import run  # kopf is imported only when the operator runs
 
-    return run(
-        namespaces=args.namespace,
-        all_namespaces=args.all_namespaces,
-        metrics_port=args.metrics_port,
-        standalone=args.standalone,
-    )
+    return run(namespaces=args.namespace, metrics_port=args.metrics_port, log_level=args.log_level)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -162,7 +157,12 @@ def parser() -> argparse.ArgumentParser:
     scope.add_argument("-n", "--namespace", action="append", default=[], help="watch this namespace (repeat)")
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces (default)")
     run.add_argument("--metrics-port", type=int, default=8080, help="port of /metrics and /healthz")
-    run.add_argument("--standalone", action="store_true", help="no peering (one operator per scope)")
+    run.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help="log level of the JSON logs",
+    )
     run.set_defaults(func=cmd_run)
     return p
 

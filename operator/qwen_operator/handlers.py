@@ -182,12 +182,13 @@ def _load_kube_config() -> None:
         kubernetes.config.load_kube_config()
 
 
-def run(namespaces: list[str], all_namespaces: bool, metrics_port: int, standalone: bool) -> int:
-    """Run the operator until interrupted."""
+def run(namespaces: list[str], metrics_port: int, log_level: str = "info") -> int:
+    """Run the operator until interrupted: cluster-wide when `namespaces` is empty."""
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter())
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
-    logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one "succeeded" line per watch event
+    logging.basicConfig(level=log_level.upper(), handlers=[handler])
+    if log_level != "debug":  # kopf logs one "succeeded" line per watch event
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     _load_kube_config()
     _register_child_watchers()
 

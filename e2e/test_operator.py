@@ -59,6 +59,10 @@ def apply(cluster: Any, body: dict[str, Any]) -> None:
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
 
 
+def patch_qwd(cluster: Any, ns: str, name: str, patch: str) -> None:
+    cluster.kubectl("-n", ns, "patch", "qwd", name, "--type=merge", "-p", patch)
+
+
 def get_qwd(cluster: Any, ns: str, name: str) -> dict[str, Any]:
     return kubectl_json(cluster, "-n", ns, "get", "qwd", name)  # type: ignore[no-any-return]
 
@@ -261,16 +265,7 @@ def test_drift_is_reverted_and_edits_roll_out(
 
     # Editing the CR rolls the Deployment with the new flag.
     generation = _engine(cluster, namespace, name)["metadata"]["generation"]
-    cluster.kubectl(
-        "-n",
-        namespace,
-        "patch",
-        "qwd",
-        name,
-        "--type=merge",
-        "-p",
-        '{"spec":{"engine":{"maxModelLen":16384}}}',
-    )
+    patch_qwd(cluster, namespace, name, '{"spec":{"engine":{"maxModelLen":16384}}}')
 
     def rolled() -> bool:
         dep = _engine(cluster, namespace, name)
@@ -320,16 +315,7 @@ def test_hpa_owns_replicas(cluster: Any, operator: OperatorProcess, namespace: s
     assert _engine(cluster, namespace, name)["spec"]["replicas"] == 2
 
     # Back to fixed replicas: the HPA the spec no longer wants is deleted, replicas written again.
-    cluster.kubectl(
-        "-n",
-        namespace,
-        "patch",
-        "qwd",
-        name,
-        "--type=merge",
-        "-p",
-        '{"spec":{"autoscaling":null,"replicas":1}}',
-    )
+    patch_qwd(cluster, namespace, name, '{"spec":{"autoscaling":null,"replicas":1}}')
     wait_until(
         lambda: kubectl_json(cluster, "-n", namespace, "get", "hpa", f"{name}-engine") is None,
         30,

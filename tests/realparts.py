@@ -103,13 +103,23 @@ def nginx_bin() -> Path:
 
 def nginxlog_exporter_bin() -> Path:
     """prometheus-nginxlog-exporter, built once from its Go module into the cache (about 10 s)."""
-    out = cache_dir() / f"nginxlog-exporter-{NGINXLOG_EXPORTER_VERSION}" / "prometheus-nginxlog-exporter"
+    return _go_tool(
+        NGINXLOG_EXPORTER_MODULE,
+        NGINXLOG_EXPORTER_VERSION,
+        "nginxlog-exporter",
+        "prometheus-nginxlog-exporter",
+    )
+
+
+def _go_tool(module: str, version: str, directory: str, binary: str) -> Path:
+    """A Go program built once from `module@version` into the cache; later calls only look it up."""
+    out = cache_dir() / f"{directory}-{version}" / binary
     if out.exists():
         return out
     go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None)
     if not go:
-        missing("Go (to build prometheus-nginxlog-exporter)", "install Go 1.22 or newer")
-    _build_go_module(str(go), NGINXLOG_EXPORTER_MODULE, NGINXLOG_EXPORTER_VERSION, out)
+        missing(f"Go (to build {binary})", "install Go 1.22 or newer")
+    _build_go_module(str(go), module, version, out)
     return out
 
 
@@ -470,15 +480,12 @@ def spawn_nginxlog_exporter(config: Path, port: int, log_dir: Path | None = None
 
 def nginx_exporter_bin() -> Path:
     """nginx-prometheus-exporter (stub_status metrics), built once from its Go module into the cache."""
-    version = NGINX_EXPORTER_VERSION
-    out = cache_dir() / f"nginx-prometheus-exporter-{version}" / "nginx-prometheus-exporter"
-    if out.exists():
-        return out
-    go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None)
-    if not go:
-        missing("Go (to build nginx-prometheus-exporter)", "install Go 1.22 or newer")
-    _build_go_module(str(go), NGINX_EXPORTER_MODULE, version, out)
-    return out
+    return _go_tool(
+        NGINX_EXPORTER_MODULE,
+        NGINX_EXPORTER_VERSION,
+        "nginx-prometheus-exporter",
+        "nginx-prometheus-exporter",
+    )
 
 
 def write_secret_volume(directory: Path, data: Mapping[str, str]) -> None:

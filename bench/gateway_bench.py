@@ -25,7 +25,6 @@ import asyncio
 import itertools
 import json
 import random
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -35,13 +34,14 @@ from typing import Any
 
 import aiohttp
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+from qwen_devtools.model import build_tiny_model
+from qwen_devtools.net import http_get
+from qwen_devtools.procs import Proc, wait_ready
+from qwen_devtools.realparts.engine import ENGINE_START_SECONDS, SERVED_MODEL, spawn_engine, test_engine_args
+from qwen_devtools.realparts.gateway import start_gateway
+from qwen_operator.api.review import Review, review
 
-import realparts  # noqa: E402  (the tests' real-process helpers)
-from qwen_operator.api.review import Review, review  # noqa: E402
-
-MODEL = realparts.SERVED_MODEL
+MODEL = SERVED_MODEL
 API_KEY = "sk-bench-0123456789abcdef"
 #: Engine KV cache in blocks of 128 tokens (the CPU backend's size): about half the prefixes (12 x 3
 #: full blocks) plus a full batch (8 x 4 blocks); all 24 prefixes and a batch would need 104.
@@ -241,23 +241,23 @@ def _prefix_hits(engines: Sequence[str]) -> tuple[float, float]:
 
 
 def _metric(engine: str, name: str) -> float:
-    text = realparts.http_get(f"{engine}/metrics", timeout=5)[1]
+    text = http_get(f"{engine}/metrics", timeout=5)[1]
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
 # --- orchestration ---------------------------------------------------------------------------------
 
 
-def _start_engines(model: Path, rev: Review, count: int, log_dir: Path) -> list[realparts.Proc]:
-    extra = [*realparts.test_engine_args(rev.command), "--num-gpu-blocks-override", str(KV_BLOCKS)]
+def _start_engines(model: Path, rev: Review, count: int, log_dir: Path) -> list[Proc]:
+    extra = [*test_engine_args(rev.command), "--num-gpu-blocks-override", str(KV_BLOCKS)]
     # One core per engine, as each replica would have its own GPU.
     engines = []
     for i in range(count):
         env = {"VLLM_CPU_OMP_THREADS_BIND": str(i % 2)}
-        engines.append(realparts.spawn_engine(model, extra_args=extra, env=env, log_dir=log_dir))
+        engines.append(spawn_engine(model, extra_args=extra, env=env, log_dir=log_dir))
     try:
         for engine in engines:
-            realparts.wait_ready(engine, "/health", realparts.ENGINE_START_SECONDS)
+            wait_ready(engine, "/health", ENGINE_START_SECONDS)
     except BaseException:
         for engine in engines:
             engine.stop()
@@ -339,7 +339,7 @@ class Table:
 
 async def _policies(engines: Sequence[str], args: argparse.Namespace, workload: PrefixWorkload) -> Table:
     keys = {"bench": API_KEY}
-    with realparts.start_gateway(review(_cr("round_robin")), engines, keys) as stack:  # the baseline
+    with start_gateway(review(_cr("round_robin")), engines, keys) as stack:  # the baseline
         workload.fresh("capacity")
         cap = await _closed_loop("capacity", _gateway(stack.url), workload.body, 16, args.capacity_seconds)
     rate = 0.9 * cap.throughput
@@ -357,7 +357,7 @@ async def _policies(engines: Sequence[str], args: argparse.Namespace, workload: 
     routing: dict[str, dict[str, float]] = {n: {} for n in names}
     for round_no in range(args.rounds):
         for name in names[round_no % len(names) :] + names[: round_no % len(names)]:
-            with realparts.start_gateway(review(variants[name]), engines, keys) as stack:
+            with start_gateway(review(variants[name]), engines, keys) as stack:
                 workload.fresh(f"{name}-{round_no}")  # new prefixes: nothing cached yet
                 before = _prefix_hits(engines)
                 run = await _open_loop(name, _gateway(stack.url), workload.body, rate, args.policy_seconds)
@@ -379,7 +379,7 @@ async def _policies(engines: Sequence[str], args: argparse.Namespace, workload: 
 
 def _router_routing(url: str) -> dict[str, float]:
     """Cache-aware routing outcomes from vllm-router's metrics (empty for other policies)."""
-    text = realparts.http_get(url, timeout=5)[1]
+    text = http_get(url, timeout=5)[1]
     out: dict[str, float] = {}
     for line in text.splitlines():
         for name in ("vllm_router_cache_hits_total", "vllm_router_cache_misses_total",
@@ -393,7 +393,7 @@ def _router_routing(url: str) -> dict[str, float]:
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="qwen-gateway-bench-"))
     print(f"[bench] model, engines and logs under {work}", flush=True)
-    model = realparts.build_tiny_model(work / "model", hidden_size=args.hidden, num_layers=args.layers)
+    model = build_tiny_model(work / "model", hidden_size=args.hidden, num_layers=args.layers)
     t0 = time.monotonic()
     engines = _start_engines(model, review(_cr("cache_aware")), 2, work / "logs")
     print(f"[bench] 2 engines ready in {time.monotonic() - t0:.0f} s", flush=True)
@@ -402,10 +402,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     keys = {"bench": API_KEY}
     try:
         with (
-            realparts.start_gateway(review(_cr("cache_aware")), [a], keys) as ca_a,
-            realparts.start_gateway(review(_cr("round_robin")), [a], keys) as rr_a,
-            realparts.start_gateway(review(_cr("cache_aware")), urls, keys) as ca_ab,
-            realparts.start_gateway(review(_cr("round_robin")), urls, keys) as rr_ab,
+            start_gateway(review(_cr("cache_aware")), [a], keys) as ca_a,
+            start_gateway(review(_cr("round_robin")), [a], keys) as rr_a,
+            start_gateway(review(_cr("cache_aware")), urls, keys) as ca_ab,
+            start_gateway(review(_cr("round_robin")), urls, keys) as rr_ab,
         ):
             single = {
                 "direct": _direct([a]),

@@ -1,2 +1,116 @@
-"""End-to-end tests against a real local control plane (see devcluster/); the fixtures come from the
-devcluster.fixtures plugin, loaded for every run by pyproject's addopts."""
+"""End-to-end tests against a real local control plane (qwen_devtools.devcluster): a session-wide
+cluster and a fresh namespace per test.
+
+Which cluster ``cluster`` gives:
+
+* ``QWEN_E2E_KUBECONFIG=/path/kubeconfig``: that cluster, but only if its current context is a local
+  test cluster (``qwen-devcluster-*``, ``kind-*``, ``k3d-*``, ``minikube``, ``docker-desktop``) with
+  its server on 127.0.0.1/localhost; otherwise the tests fail with the reason. ``KUBECONFIG`` is
+  deliberately ignored, so the tests never touch whatever cluster the shell happens to point at.
+* otherwise the dev cluster ``$QWEN_E2E_CLUSTER`` (default ``test``), started if needed and stopped at
+  the end of the session, unless it was already running or ``QWEN_E2E_KEEP=1`` (then a later run
+  reuses it in about a second).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from qwen_devtools.devcluster import build, kubeconfig, procs
+from qwen_devtools.devcluster import cluster as devcluster
+from qwen_devtools.wait import wait_until
+
+E2E_LABEL = {"qwenops.dev/e2e": "true"}
+
+
+def _external(path: Path) -> devcluster.Cluster:
+    try:
+        context = kubeconfig.check_local(path)
+    except (OSError, ValueError) as error:
+        pytest.fail(f"refusing QWEN_E2E_KUBECONFIG: {error}", pytrace=False)
+    return devcluster.Cluster(path, context)
+
+
+def _build_output_shown(config: pytest.Config) -> contextlib.AbstractContextManager[object]:
+    """Let a first (long) build stream its progress to the terminal instead of pytest's capture."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if build.is_built() or capture is None:
+        return contextlib.nullcontext()
+    return capture.global_and_fixture_disabled()
+
+
+@pytest.fixture(scope="session")
+def cluster(pytestconfig: pytest.Config) -> Iterator[devcluster.Cluster]:
+    """The local cluster for this test session (see the module docstring for which one)."""
+    external = os.environ.get("QWEN_E2E_KUBECONFIG")
+    if external:
+        yield _external(Path(external))
+        return
+    name = os.environ.get("QWEN_E2E_CLUSTER", "test")
+    was_up = devcluster.is_up(name)
+    try:
+        with _build_output_shown(pytestconfig):
+            handle = devcluster.up(name)
+    except (procs.ComponentError, build.BuildError) as error:
+        pytest.fail(f"dev cluster {name!r} did not start: {error}", pytrace=False)
+    yield handle
+    if not was_up and os.environ.get("QWEN_E2E_KEEP") != "1":
+        devcluster.down(name)
+
+
+@pytest.fixture(scope="session")
+def api_client(cluster: devcluster.Cluster) -> Iterator[client.ApiClient]:
+    """A kubernetes ApiClient (admin) for the session's cluster."""
+    with cluster.api_client() as api:
+        yield api
+
+
+def _namespace_name(test_name: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", test_name.lower()).strip("-")[:40].rstrip("-")
+    return f"e2e-{slug}-{secrets.token_hex(3)}"
+
+
+def _print_events(core: client.CoreV1Api, namespace: str) -> None:
+    events = core.api_client.sanitize_for_serialization(core.list_namespaced_event(namespace))["items"]
+    print(f"\n--- events in namespace {namespace} ---")
+    for event in sorted(events, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or "")):
+        obj = event["involvedObject"]
+        what = f"{event.get('type', ''):<8} {event.get('reason', ''):<24} {obj['kind']}/{obj['name']}"
+        print(f"{what}: {event.get('message')}")
+
+
+@pytest.fixture
+def namespace(api_client: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace with its default ServiceAccount; deleted afterwards, its events shown on failure."""
+    core = client.CoreV1Api(api_client)
+    name = _namespace_name(request.node.name)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=E2E_LABEL)))
+
+    def default_service_account() -> bool:
+        accounts = core.list_namespaced_service_account(name, field_selector="metadata.name=default")
+        return bool(accounts.items)
+
+    wait_until(default_service_account, 30, f"ServiceAccount {name}/default")
+    yield name
+    report = getattr(request.node, "devcluster_call_report", None)
+    if report is not None and report.failed:
+        _print_events(core, name)
+    core.delete_namespace(name)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    """Keep the call-phase report on the item, so ``namespace`` can tell whether the test failed."""
+    report = yield
+    if report.when == "call":
+        item.devcluster_call_report = report  # type: ignore[attr-defined]
+    return report

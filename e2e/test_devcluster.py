@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from devcluster import K8S_VERSION
-from devcluster.cluster import Cluster
-from devcluster.fixtures import wait_until
+from qwen_devtools.devcluster.cluster import Cluster
+from qwen_devtools.wait import wait_until
+from qwen_operator.versions import KUBERNETES
 
 pytestmark = pytest.mark.cluster
 
@@ -53,8 +53,8 @@ def _condition(pod: client.V1Pod, kind: str) -> client.V1PodCondition | None:
 
 
 def test_server_reports_pinned_version(cluster: Cluster, api_client: client.ApiClient) -> None:
-    assert client.VersionApi(api_client).get_code().git_version == K8S_VERSION
-    assert f"Server Version: {K8S_VERSION}" in cluster.kubectl("version").stdout
+    assert client.VersionApi(api_client).get_code().git_version == KUBERNETES
+    assert f"Server Version: {KUBERNETES}" in cluster.kubectl("version").stdout
 
 
 def test_rbac_denies_service_account_without_permissions(

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from devcluster.fixtures import wait_until
-from operator_proc import OperatorProcess, service_account_kubeconfig
+from qwen_devtools.operator_proc import OperatorProcess, service_account_kubeconfig
+from qwen_devtools.wait import wait_until
 
 pytestmark = pytest.mark.cluster
 

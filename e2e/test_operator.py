@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
-from devcluster.fixtures import wait_until
-from operator_proc import OPERATOR_USER, OperatorProcess, install, service_account_kubeconfig
+from qwen_devtools.operator_proc import OPERATOR_USER, OperatorProcess, install, service_account_kubeconfig
+from qwen_devtools.wait import wait_until
 from qwen_operator.api.review import review
 from qwen_operator.k8s import contains
-from qwen_operator.manifests import CRD_OF_KIND, ClusterFacts, build_children
+from qwen_operator.kinds import optional
+from qwen_operator.manifests import ClusterFacts, build_children
 
 pytestmark = pytest.mark.cluster
 
@@ -171,7 +172,7 @@ def test_render_matches_what_the_operator_created(
     apply(cluster, body)
     obj = wait_condition(cluster, namespace, body["metadata"]["name"], "Ready", "True")
     rev = review(obj)
-    missing = frozenset(c for c in CRD_OF_KIND.values())  # the dev cluster has none of the optional CRDs
+    missing = frozenset(k.crd for k in optional() if k.crd)  # the dev cluster has none of the optional CRDs
     rendered = build_children(rev, ClusterFacts(free_gpus=None, missing_crds=missing)).objects
     for want in rendered:
         live = kubectl_json(

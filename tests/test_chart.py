@@ -8,7 +8,6 @@ Uses the helm the dev cluster build caches (or QWEN_HELM); rendering pins --kube
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from functools import cache
@@ -19,10 +18,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from devcluster.build import K8S_VERSION, bin_dir
+from qwen_devtools.devcluster.build import K8S_VERSION
+from qwen_devtools.generate import files as generated
+from qwen_devtools.helm import HOW_TO_GET_HELM, helm_path
+from qwen_devtools.require import missing
 from qwen_operator import cli
 from qwen_operator.api.crd import crd
-from realparts import missing
+from qwen_operator.kinds import MANAGED
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "qwen-operator"
@@ -33,29 +35,17 @@ SCHEMA_VERSION = ".".join(K8S_VERSION.lstrip("v").split(".")[:2]) + ".0"
 CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
 ALL_VERBS = ["get", "list", "watch", "create", "patch", "update", "delete"]
 
-# The operator's permissions in the namespaces it watches, exactly: (apiGroup, resource) -> verbs.
-NAMESPACED_RULES = {
+#: Namespaced rules that are not for child kinds: the resource, its status, pods read, events written.
+FIXED_NAMESPACED_RULES = {
     ("inference.qwenops.dev", "qwendeployments"): ["get", "list", "watch", "patch", "update"],
     ("inference.qwenops.dev", "qwendeployments/status"): ["get", "patch", "update"],
-    ("", "services"): ALL_VERBS,
-    ("", "configmaps"): ALL_VERBS,
-    ("", "serviceaccounts"): ALL_VERBS,
     ("", "pods"): ["get", "list", "watch"],
     ("", "events"): ["create", "patch"],
     ("events.k8s.io", "events"): ["create", "patch"],
-    ("apps", "deployments"): ALL_VERBS,
-    ("rbac.authorization.k8s.io", "roles"): ALL_VERBS,
-    ("rbac.authorization.k8s.io", "rolebindings"): ALL_VERBS,
-    ("autoscaling", "horizontalpodautoscalers"): ALL_VERBS,
-    ("policy", "poddisruptionbudgets"): ALL_VERBS,
-    ("networking.k8s.io", "networkpolicies"): ALL_VERBS,
-    ("networking.k8s.io", "ingresses"): ALL_VERBS,
-    ("gateway.networking.k8s.io", "httproutes"): ALL_VERBS,
-    ("monitoring.coreos.com", "servicemonitors"): ALL_VERBS,
-    ("monitoring.coreos.com", "podmonitors"): ALL_VERBS,
-    ("monitoring.coreos.com", "prometheusrules"): ALL_VERBS,
-    ("keda.sh", "scaledobjects"): ALL_VERBS,
 }
+# The operator's permissions in the namespaces it watches, exactly: (apiGroup, resource) -> verbs.
+# Every child kind it manages gets all verbs; the chart's rules for them are generated from the same list.
+NAMESPACED_RULES = FIXED_NAMESPACED_RULES | {(kind.group, kind.plural): ALL_VERBS for kind in MANAGED}
 CLUSTER_RULES = {
     ("", "nodes"): ["get", "list", "watch"],
     ("", "namespaces"): ["get", "list", "watch"],
@@ -64,10 +54,10 @@ CLUSTER_RULES = {
 
 
 def helm() -> str:
-    path = os.environ.get("QWEN_HELM") or str(bin_dir() / "helm")
-    if not Path(path).is_file():
-        missing(f"helm ({path})", "run `make setup` (builds the dev cluster binaries), or set QWEN_HELM")
-    return path
+    path = helm_path()
+    if not path.is_file():
+        missing(f"helm ({path})", HOW_TO_GET_HELM)
+    return str(path)
 
 
 def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
@@ -388,12 +378,7 @@ def test_monitoring_scenario_objects() -> None:
 
 
 def test_install_yaml_equals_a_fresh_render() -> None:
-    sys.path.insert(0, str(REPO / "tools"))
-    try:
-        import generate
-    finally:
-        sys.path.remove(str(REPO / "tools"))
-    assert INSTALL_YAML.read_text() == generate.render_chart(CHART), "stale: run `make generate`"
+    assert INSTALL_YAML.read_text() == generated.render_chart(CHART), "stale: run `make generate`"
 
 
 def test_install_yaml_starts_with_the_namespace_and_holds_what_e2e_expects() -> None:
@@ -411,9 +396,33 @@ def test_install_yaml_starts_with_the_namespace_and_holds_what_e2e_expects() -> 
 
 def test_all_generated_files_are_fresh() -> None:
     result = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "generate.py"), "--check"],
+        [sys.executable, "-m", "qwen_devtools.generate", "--check"],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
+
+
+#: Where each kind of generated file says that it is generated: a comment, or a field its reader ignores.
+JSON_NOTICE_FIELD = {
+    "values.schema.json": "$comment",  # JSON Schema's keyword for notes
+    "qwen-serving.json": "description",  # Grafana's dashboard description
+    "vllm_flags.json": "_generated",  # engine.vllm_flags() reads "flags" and "vllm" only
+}
+COMMENT_OPENERS = {".yaml": "# ", ".txt": "# ", ".sh": "# ", ".md": "<!-- ", ".tpl": "{{/* "}
+
+
+@pytest.mark.parametrize("target", generated.TARGETS, ids=lambda t: str(t.path))
+def test_every_generated_file_says_so(target: generated.Target) -> None:
+    text = (REPO / target.path).read_text()
+    if target.path.suffix == ".json":
+        field = json.loads(text)[JSON_NOTICE_FIELD[target.path.name]]
+        assert "Generated by `make generate` (python -m qwen_devtools.generate)" in field
+        assert field.endswith("; do not edit.")
+        return
+    opener = COMMENT_OPENERS[target.path.suffix]
+    head = text.splitlines()[:3]  # a Markdown page keeps its title above the notice
+    notices = [line for line in head if line.startswith(f"{opener}Generated by `make generate`")]
+    assert notices, f"{target.path} does not start with the generated-file notice:\n" + "\n".join(head)
+    assert "(python -m qwen_devtools.generate)" in notices[0] and "; do not edit." in notices[0]

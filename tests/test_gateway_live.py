@@ -24,21 +24,13 @@ from typing import Any
 import pytest
 import requests
 
+from qwen_devtools.net import LOOPBACK, http_get
+from qwen_devtools.procs import Proc, wait_ready
+from qwen_devtools.realparts.engine import ENGINE_START_SECONDS, SERVED_MODEL, spawn_engine, test_engine_args
+from qwen_devtools.realparts.gateway import GatewayStack, start_gateway_stack
+from qwen_devtools.realparts.paced_sse import start_paced_sse_source
+from qwen_devtools.wait import wait_until
 from qwen_operator.api.review import Review, review
-from realparts import (
-    ENGINE_START_SECONDS,
-    LOOPBACK,
-    SERVED_MODEL,
-    GatewayStack,
-    Proc,
-    http_get,
-    spawn_engine,
-    start_gateway_stack,
-    start_paced_sse_source,
-    test_engine_args,
-    tiny_model,  # noqa: F401 (a fixture)
-    wait_ready,
-)
 from support import REPO
 
 pytestmark = pytest.mark.engine
@@ -100,7 +92,7 @@ class Live:
 
 
 @pytest.fixture(scope="module")
-def live(tiny_model: Path) -> Iterator[Live]:  # noqa: F811 (the imported fixture)
+def live(tiny_model: Path) -> Iterator[Live]:
     rev = review(_body())
     extra = test_engine_args(rev.command)  # the rendered flags: parsers, prefix caching, batch size
     engines = [spawn_engine(tiny_model, extra_args=extra, env={"VLLM_API_KEY": ENGINE_KEY}) for _ in range(3)]
@@ -170,15 +162,6 @@ def _metric(url: str, name: str, **labels: str) -> float:
 
 def _engine_successes(engine: Proc) -> float:
     return _metric(f"{engine.url}/metrics", "vllm:request_success_total")
-
-
-def _wait_for(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 class RawStream:
@@ -398,7 +381,7 @@ def test_key_rotation_keeps_streams_and_takes_effect(live: Live) -> None:
         headers = {"Authorization": f"Bearer {key}"}
         return int(HTTP.get(f"{stack.url}/v1/models", headers=headers, timeout=10).status_code)
 
-    _wait_for(lambda: status(new_keys["team-c"]) == 200, 20, "the new key to be accepted")
+    wait_until(lambda: status(new_keys["team-c"]) == 200, 20, "the new key to be accepted")
     assert time.monotonic() - started < 15
     assert status(KEYS["team-b"]) == 401
     # The stream started before the reload is still open inside nginx (not logged yet) ...
@@ -407,11 +390,11 @@ def test_key_rotation_keeps_streams_and_takes_effect(live: Live) -> None:
     # ... and ends complete.
     assert data.rstrip().endswith(b"0") and b"data: [DONE]" in data, data[-200:]
     assert stream.completion_tokens() == 900
-    _wait_for(lambda: request_id in stack.procs["nginx"].log.read_text(), 5, "the stream's log line")
+    wait_until(lambda: request_id in stack.procs["nginx"].log.read_text(), 5, "the stream's log line")
     line = next(x for x in stack.procs["nginx"].log.read_text().splitlines() if request_id in x)
     assert json.loads(line)["status"] == "200"
     stack.set_api_keys(KEYS)
-    _wait_for(lambda: status(KEYS["team-b"]) == 200, 20, "team-b to be back")
+    wait_until(lambda: status(KEYS["team-b"]) == 200, 20, "team-b to be back")
 
 
 # --- observability -----------------------------------------------------------------------------------
@@ -431,7 +414,7 @@ def test_access_log_is_json_with_the_key_id_never_the_key(live: Live) -> None:
 def test_metrics_per_key_router_and_in_flight(live: Live) -> None:
     main, strict = live.main, live.strict
     count = "qwen_gateway_http_response_count_total"
-    _wait_for(lambda: _metric(main.log_metrics_url, count, key_id="team-a", status="200") > 0, 10, "metrics")
+    wait_until(lambda: _metric(main.log_metrics_url, count, key_id="team-a", status="200") > 0, 10, "metrics")
     assert _metric(main.log_metrics_url, count, error="unauthorized", status="401") >= 6
     assert _metric(main.log_metrics_url, count, error="unknown_route") >= 40
     assert _metric(strict.log_metrics_url, count, key_id="team-b", error="rate_limited") >= 1
@@ -498,7 +481,7 @@ def test_engine_killed_mid_load(live: Live) -> None:
     os.killpg(b.pid, signal.SIGKILL)  # the engine vanishes mid-request, with no chance to clean up
     b.stop()
     # Requests keep coming; the router must stop choosing b and answer from a.
-    _wait_for(
+    wait_until(
         lambda: (
             _metric(stack.router_metrics_url, "vllm_router_worker_health", worker=b.url) == 0
             or _metric(stack.router_metrics_url, "vllm_router_cb_state", worker=b.url) != 0
@@ -530,7 +513,7 @@ def test_scale_out_third_engine_gets_traffic(live: Live) -> None:
     # What Kubernetes discovery does when a new engine pod turns Ready: the router's own add_worker.
     added = HTTP.post(f"{stack.router_url}/add_worker", params={"url": c.url}, timeout=30)
     assert added.status_code == 200, added.text
-    _wait_for(
+    wait_until(
         lambda: _metric(stack.router_metrics_url, "vllm_router_worker_health", worker=c.url) == 1,
         30,
         "the router to health-check the new engine",
@@ -547,7 +530,7 @@ def test_scale_out_third_engine_gets_traffic(live: Live) -> None:
             responses.extend(pool.map(lambda p: _post(stack, "/v1/completions", _completion(p)), prompts))
         return _engine_successes(c) > before
 
-    _wait_for(new_conversations, 60, "the third engine to serve requests")
+    wait_until(new_conversations, 60, "the third engine to serve requests")
     assert all(r.status_code == 200 for r in responses), [r.text for r in responses if not r.ok]
     assert _metric(stack.router_metrics_url, "vllm_router_processed_requests_total", worker=c.url) >= 1
 
@@ -558,7 +541,7 @@ def test_shutdown_drains_in_flight_streams(live: Live) -> None:
     stream.read_until(b"data: {")
     nginx = stack.procs["nginx"]
     nginx.popen.terminate()  # SIGTERM to run-nginx.sh, as kubelet sends it after the preStop hook
-    _wait_for(lambda: http_get(f"{stack.url}/v1/models")[0] == 0, 10, "nginx to stop accepting")
+    wait_until(lambda: http_get(f"{stack.url}/v1/models")[0] == 0, 10, "nginx to stop accepting")
     assert nginx.alive()  # still draining the stream
     data = stream.read_all()
     assert b"data: [DONE]" in data and stream.completion_tokens() == 900

@@ -13,31 +13,17 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from qwen_devtools.net import LOOPBACK, free_port, http_get
+from qwen_devtools.procs import running, spawn, wait_ready
+from qwen_devtools.realparts.exporters import nginx_exporter_bin, nginxlog_exporter_bin
+from qwen_devtools.realparts.gateway import loopback_wiring, write_secret_volume
+from qwen_devtools.realparts.nginx import nginx_bin, nginx_check
+from qwen_devtools.vllm_env import vllm_router_bin
+from qwen_operator import gateway, names, versions
 from qwen_operator.api.review import Review, review
-from qwen_operator.manifests import gateway, names
-from qwen_operator.manifests.gateway import (
-    GATEWAY_METRICS_PORTS,
-    Limits,
-    build_client_service,
-    build_gateway,
-    config_files,
-    router_args,
-)
-from realparts import (
-    LOOPBACK,
-    free_port,
-    http_get,
-    loopback_wiring,
-    nginx_bin,
-    nginx_check,
-    nginx_exporter_bin,
-    nginxlog_exporter_bin,
-    running,
-    spawn,
-    vllm_router_bin,
-    wait_ready,
-    write_secret_volume,
-)
+from qwen_operator.gateway import GATEWAY_METRICS_PORTS, Limits, config_files, router_args
+from qwen_operator.manifests.exposure import build_client_service, build_routes
+from qwen_operator.manifests.gateway import build_gateway
 from support import EXAMPLES, REPO, load
 
 K8S_SCHEMA_VERSION = "1.36"  # the dev cluster's Kubernetes version
@@ -100,7 +86,7 @@ def test_optional_ingress_and_http_route() -> None:
         httpRoute={"parentRefs": [{"name": "public", "namespace": "gw"}], "hostnames": ["chat.example.com"]},
         requestTimeoutSeconds=900,
     )
-    objects = build_gateway(rev)
+    objects = [*build_gateway(rev), *build_routes(rev)]
     assert _kinds(objects)[-2:] == ["Ingress", "HTTPRoute"]
     ingress = _one(objects, "Ingress")
     backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
@@ -285,15 +271,12 @@ def test_configuration_changes_roll_the_pods() -> None:
 def test_images_are_the_tested_versions() -> None:
     dockerfile = (REPO / "images" / "gateway" / "Dockerfile").read_text()
     requirements = (REPO / "images" / "gateway" / "requirements.txt").read_text()
-    assert f"vllm-router=={gateway.ROUTER_VERSION}" in requirements.splitlines()
-    assert f"NGINX_VERSION={gateway.NGINX_VERSION}-" in dockerfile
-    import realparts
-
-    assert realparts.ROUTER_VERSION == gateway.ROUTER_VERSION
-    assert gateway.LOG_EXPORTER_IMAGE.endswith(f":{realparts.NGINXLOG_EXPORTER_VERSION}")
-    assert gateway.NGINX_EXPORTER_IMAGE.endswith(f":{realparts.NGINX_EXPORTER_VERSION.lstrip('v')}")
+    assert f"vllm-router=={versions.VLLM_ROUTER}" in requirements.splitlines()
+    assert f"NGINX_VERSION={versions.NGINX}-" in dockerfile
+    assert versions.LOG_EXPORTER_IMAGE.endswith(f":{versions.NGINXLOG_EXPORTER}")
+    assert versions.NGINX_EXPORTER_IMAGE.endswith(f":{versions.NGINX_EXPORTER.lstrip('v')}")
     version = subprocess.run([str(nginx_bin()), "-v"], capture_output=True, text=True).stderr
-    assert f"nginx/{gateway.NGINX_VERSION}" in version
+    assert f"nginx/{versions.NGINX}" in version
 
 
 # --- the real programs accept what is rendered --------------------------------------------------------

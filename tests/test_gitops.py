@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
+from qwen_devtools.require import missing
+from qwen_operator.api.review import review
 from qwen_operator.status import Observed, compute_status
-from realparts import missing
+from support import example
 from test_chart import CHART, render
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,6 +116,13 @@ def _pod(scheduled: bool) -> dict[str, Any]:
     return {"metadata": {"name": "chat-engine-6d4b9c7f8-abcde"}, "status": {"conditions": [condition]}}
 
 
+def _too_small() -> dict[str, Any]:
+    """bf16 weights on one A100-40GB: the plan does not fit."""
+    body = example("a100-80gb-tp2-bf16")
+    body["spec"] |= {"gpu": {"type": "A100-40GB"}, "parallelism": {"tensor": 1}}
+    return body
+
+
 OBSERVED = {
     "serving": (Observed(generation=3, engine=_engine(1), gateway={"status": {"readyReplicas": 2}},
                          pods=[_pod(True)]), "Healthy"),
@@ -121,7 +130,7 @@ OBSERVED = {
                          pods=[_pod(True)]), "Progressing"),
     "unschedulable": (Observed(generation=3, engine=_engine(0), pods=[_pod(False)]), "Degraded"),
     "invalid": (Observed(generation=3, spec_errors=["spec.parallelism.tensor: must divide 8"]), "Degraded"),
-    "does-not-fit": (Observed(generation=3, plan_errors=["weights do not fit"]), "Degraded"),
+    "does-not-fit": (Observed(generation=3, review=review(_too_small())), "Degraded"),
 }  # fmt: skip
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import yaml
 
+from qwen_devtools.generate.image_requirements import runtime_closure
 from qwen_operator.api.catalog import DEFAULT_ENGINE_IMAGE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,19 +52,13 @@ def test_chart_runs_the_image_as_the_same_user() -> None:
 
 
 def test_requirements_pin_the_versions_the_tests_use() -> None:
-    sys.path.insert(0, str(REPO / "tools"))
-    try:
-        from image_requirements import runtime_closure
-    finally:
-        sys.path.remove(str(REPO / "tools"))
     pinned = dict(
         line.split("==")
         for line in REQUIREMENTS.read_text().splitlines()
         if line and not line.startswith("#")
     )
     assert pinned == runtime_closure(), (
-        "images/operator/requirements.txt differs from the test venv: "
-        "run .venv/bin/python tools/image_requirements.py > images/operator/requirements.txt"
+        "images/operator/requirements.txt differs from the test venv: run `make generate`"
     )
 
 

@@ -11,9 +11,14 @@ import yaml
 
 from qwen_operator.api.catalog import GPUS
 from qwen_operator.api.review import Review, review
-from qwen_operator.manifests import CRD_OF_KIND, ClusterFacts, build_all, build_children
-from qwen_operator.manifests.engine import Rollout, startup_seconds
+from qwen_operator.api.rollout import Rollout
+from qwen_operator.kinds import optional
+from qwen_operator.manifests import ClusterFacts, build_all, build_children
+from qwen_operator.manifests.engine import startup_seconds
 from support import EXAMPLES, load
+
+#: Kind name -> CRD of the kinds that need one.
+CRD_OF_KIND = {k.kind: k.crd for k in optional()}
 
 K8S_SCHEMA_VERSION = "1.36"  # the dev cluster's Kubernetes version
 
@@ -120,7 +125,7 @@ def test_missing_optional_crds_skip_their_children() -> None:
     assert {"ServiceMonitor", "PrometheusRule"} <= full
     children = build_children(rev, ClusterFacts(missing_crds=frozenset(CRD_OF_KIND.values())))
     assert not {o["kind"] for o in children.objects} & set(CRD_OF_KIND)
-    assert any(s.startswith("ServiceMonitor") for s in children.skipped)
+    assert any(s.kind.kind == "ServiceMonitor" for s in children.skipped)
 
 
 def test_every_child_is_owned_and_labelled() -> None:
@@ -156,3 +161,24 @@ def _with_everything(rev: Review) -> Review:
     body["spec"]["engine"]["priorityClassName"] = "gpu-high"
     body["spec"]["model"]["cache"] = {"claimName": "qwen-weights"}
     return review(body)
+
+
+def test_one_gateway_configuration_render_per_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ConfigMap and the pod's config hash come from one render; the limits are split once."""
+    from qwen_operator.gateway import config, limits
+
+    calls = {"limits": 0, "nginx": 0}
+    real_limits, real_nginx = limits.Limits.of, config.nginx_conf
+
+    def counted_limits(rev: Review) -> limits.Limits:
+        calls["limits"] += 1
+        return real_limits(rev)
+
+    def counted_nginx(*args: Any, **kwargs: Any) -> str:
+        calls["nginx"] += 1
+        return real_nginx(*args, **kwargs)
+
+    monkeypatch.setattr(limits.Limits, "of", staticmethod(counted_limits))
+    monkeypatch.setattr(config, "nginx_conf", counted_nginx)
+    build_children(_review())
+    assert calls == {"limits": 1, "nginx": 1}

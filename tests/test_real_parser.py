@@ -19,13 +19,14 @@ from typing import Any
 
 import pytest
 
+from qwen_devtools.generate.files import VLLM_FLAGS, vllm_flags_json
+from qwen_devtools.vllm_env import vllm_python
+from qwen_operator import versions
 from qwen_operator.api.catalog import DEFAULT_ENGINE_IMAGE, NATIVE_CONTEXT, VLLM_VERSION
 from qwen_operator.api.engine import ENGINE_MODULE, OWNED_FLAGS, REFUSED_FLAGS, check_extra_args, command_line
 from qwen_operator.api.plan import make_plan
 from qwen_operator.api.review import review
 from qwen_operator.api.spec import parse
-from realparts import VLLM_VERSION as REALPARTS_VLLM_VERSION
-from realparts import vllm_python
 from support import EXAMPLES, REPO, example, load
 
 CHECKS = Path(__file__).with_name("vllm_checks.py")
@@ -195,7 +196,7 @@ def vllm_result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_pinned_version_is_the_installed_one(vllm_result: dict[str, Any]) -> None:
-    assert vllm_result["vllm"] == VLLM_VERSION == REALPARTS_VLLM_VERSION
+    assert vllm_result["vllm"] == VLLM_VERSION == versions.VLLM
     assert DEFAULT_ENGINE_IMAGE.endswith(f":v{vllm_result['vllm']}")
 
 
@@ -312,11 +313,9 @@ def test_every_spelling_of_an_owned_flag_is_owned(vllm_result: dict[str, Any]) -
 
 
 def test_flag_table_is_up_to_date() -> None:
-    python = vllm_python()
-    done = _run(python, str(REPO / "tools" / "gen_vllm_flags.py"), timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    table = REPO / "operator" / "qwen_operator" / "api" / "vllm_flags.json"
-    assert done.stdout == table.read_text(), "vllm_flags.json is stale: run `make generate`"
+    vllm_python()  # skips, or fails under QWEN_REQUIRE_REAL_PARTS, when the venv is missing
+    # the generator's own code makes the fresh table, so `make verify` and this test cannot disagree
+    assert vllm_flags_json() == (REPO / VLLM_FLAGS).read_text(), "stale: run `make generate`"
 
 
 if __name__ == "__main__":  # print the request, for running vllm_checks.py by hand

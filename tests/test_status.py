@@ -5,7 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from qwen_operator.api.crd import crd
+from qwen_operator.api.review import Review, review
+from qwen_operator.kinds import Skipped, kind_of
 from qwen_operator.status import CONDITION_TYPES, Observed, compute_status, transitions
+from support import example
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 T1 = datetime(2026, 1, 2, tzinfo=UTC)
@@ -28,10 +32,17 @@ def deployment(replicas: int, ready: int, updated: int | None = None, generation
     }
 
 
+def reviewed(name: str = "a100-80gb-tp2-bf16", **spec: Any) -> Review:
+    """The review of an example, with top-level spec fields replaced."""
+    body = example(name)
+    body["spec"].update(spec)
+    return review(body)
+
+
 def serving(**extra: Any) -> Observed:
     base = dict(
         generation=3,
-        plan={"kvTokensPerReplica": 294790, "maxConcurrentAtMaxModelLen": 8, "maxModelLen": 32768},
+        review=reviewed(),
         endpoint="http://chat.llm.svc/v1",
         engine=deployment(2, 2),
         gateway=deployment(2, 2),
@@ -54,6 +65,12 @@ def test_serving_is_ready_with_every_condition_present() -> None:
     assert status["observedGeneration"] == 3
 
 
+def test_the_crd_documents_every_condition() -> None:
+    described = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    text = described["properties"]["conditions"]["description"]
+    assert [t for t in CONDITION_TYPES if t not in text] == []
+
+
 def test_invalid_spec() -> None:
     status = compute_status(Observed(generation=1, spec_errors=["spec.engine.foo: unknown field"]), None, T0)
     assert (cond(status, "ConfigValid")["status"], cond(status, "Ready")["reason"]) == (
@@ -64,7 +81,9 @@ def test_invalid_spec() -> None:
 
 
 def test_does_not_fit() -> None:
-    status = compute_status(Observed(generation=1, plan_errors=["spec.gpu.type: weights need ..."]), None, T0)
+    too_small = reviewed(gpu={"type": "A100-40GB"}, parallelism={"tensor": 1})
+    assert not too_small.ok
+    status = compute_status(Observed(generation=1, review=too_small), None, T0)
     assert cond(status, "CapacityFit")["status"] == "False"
     assert cond(status, "Ready")["reason"] == "DoesNotFit"
 
@@ -125,17 +144,37 @@ def test_hpa_without_metric_is_not_scaling_ready() -> None:
             ]
         }
     }
-    status = compute_status(serving(autoscaling=True, hpa=hpa), None, T0)
+    status = compute_status(serving(review=reviewed("h100-80gb-tp2-fp8-128k"), hpa=hpa), None, T0)
     scaling = cond(status, "ScalingReady")
     assert (scaling["status"], scaling["reason"]) == ("False", "FailedGetPodsMetric")
 
 
 def test_monitoring_crd_missing() -> None:
-    status = compute_status(
-        serving(monitoring_requested=True, skipped=["ServiceMonitor chat-engine (x)"]), None, T0
-    )
+    service_monitor = Skipped(kind_of("monitoring.coreos.com/v1", "ServiceMonitor"), "chat-engine")
+    status = compute_status(serving(skipped=[service_monitor]), None, T0)
     monitoring = cond(status, "MonitoringReady")
     assert (monitoring["status"], monitoring["reason"]) == ("False", "CRDNotInstalled")
+    assert cond(status, "ExposureReady")["status"] == "True"
+
+
+def test_http_route_crd_missing_is_an_exposure_problem_not_a_monitoring_one() -> None:
+    """With no Gateway API CRDs, a requested HTTPRoute is reported by ExposureReady (was: MonitoringReady)."""
+    route = {"parentRefs": [{"name": "public"}]}
+    gateway = {**example("a100-80gb-tp2-bf16")["spec"]["gateway"], "httpRoute": route}
+    http_route = Skipped(kind_of("gateway.networking.k8s.io/v1", "HTTPRoute"), "chat-a100-gateway")
+    status = compute_status(serving(review=reviewed(gateway=gateway), skipped=[http_route]), None, T0)
+    exposure = cond(status, "ExposureReady")
+    assert (exposure["status"], exposure["reason"]) == ("False", "CRDNotInstalled")
+    crd = "httproutes.gateway.networking.k8s.io"
+    assert f"HTTPRoute chat-a100-gateway ({crd} not installed)" in exposure["message"]
+    monitoring = cond(status, "MonitoringReady")
+    assert (monitoring["status"], monitoring["reason"]) == ("True", "Configured")
+    assert "HTTPRoute" not in monitoring["message"]
+    ready = compute_status(serving(review=reviewed(gateway=gateway)), None, T0)
+    assert (cond(ready, "ExposureReady")["status"], cond(ready, "ExposureReady")["reason"]) == (
+        "True",
+        "Configured",
+    )
 
 
 def test_transition_time_only_moves_on_change() -> None:

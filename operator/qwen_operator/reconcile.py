@@ -1,8 +1,8 @@
 """One level-based reconcile for a QwenDeployment: the same code for create, update, resume and drift.
 
 Order: review the spec (nothing is created for a spec that is invalid or does not fit), apply the
-children that differ from the cluster, delete children the spec no longer wants, then read back what
-runs and compute the status. Returns the status; the caller writes it only when it changed.
+children that differ from the cluster, delete children the spec no longer wants, read back what runs,
+compute the status, and write it (with an Event per changed condition) only when it changed.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .api.catalog import GPU_PRODUCT_LABEL, GPUS
+from . import names
 from .api.review import Review, review
 from .api.spec import SpecError
-from .k8s import Cluster, kind_of
-from .manifests import CRD_OF_KIND, ClusterFacts, build_children, names
-from .metrics import MANAGED_OBJECTS, RECONCILE_SECONDS, RECONCILES
-from .status import Observed, compute_status
+from .k8s import Cluster
+from .manifests import ClusterFacts, build_children, node_pool
+from .metrics import DEPLOYMENTS_READY, MANAGED_OBJECTS, RECONCILE_SECONDS, RECONCILES
+from .status import Observed, compute_status, transitions
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,32 @@ log = logging.getLogger(__name__)
 class Result:
     status: dict[str, Any]
     writes: list[str] = field(default_factory=list)  # "applied Deployment x", "deleted Service y"
+
+
+def reconcile_and_report(cluster: Cluster, body: dict[str, Any]) -> Result | None:
+    """Reconcile one QwenDeployment body, then write its status and Events when they changed."""
+    meta = body["metadata"]
+    if meta.get("deletionTimestamp"):
+        return None
+    result = reconcile(cluster, body)
+    old = body.get("status")
+    if old != result.status:
+        cluster.patch_status(meta["namespace"], meta["name"], result.status)
+        for cond in transitions(old, result.status):
+            _event(cluster, body, cond)
+    ready = next(c for c in result.status["conditions"] if c["type"] == "Ready")["status"] == "True"
+    DEPLOYMENTS_READY.labels(meta["namespace"], meta["name"]).set(1 if ready else 0)
+    for write in result.writes:
+        log.info("%s/%s: %s", meta["namespace"], meta["name"], write)
+    return result
+
+
+def _event(cluster: Cluster, body: dict[str, Any], cond: dict[str, Any]) -> None:
+    if cond["status"] == "Unknown":
+        return
+    good = (cond["status"] == "True") != (cond["type"] == "Progressing")
+    kind = "Normal" if good or cond["type"] == "Progressing" else "Warning"
+    cluster.post_event(body, kind, cond["reason"], f"{cond['type']}={cond['status']}: {cond['message']}")
 
 
 def reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
@@ -52,14 +78,10 @@ def _reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
         return Result(compute_status(obs, previous))
     _describe(obs, rev)
     if not rev.ok:
-        obs.plan_errors = [f"{p}: {m}" for p, m in rev.plan.errors]
         return Result(compute_status(obs, previous))
-    facts = ClusterFacts(
-        free_gpus=_free_gpus(cluster, rev),
-        missing_crds=frozenset(c for c in CRD_OF_KIND.values() if not cluster.has_crd(c)),
-    )
+    facts = ClusterFacts(free_gpus=cluster.free_gpus(node_pool(rev)), missing_crds=cluster.missing_crds())
     children = build_children(rev, facts)
-    obs.rollout = f"{children.rollout.mode}: {children.rollout.reason}"
+    obs.rollout = children.rollout
     obs.skipped = children.skipped
     live = cluster.children(meta["namespace"], names.owner_labels(meta["name"]))
     writes = _apply(cluster, children.objects, live)
@@ -71,13 +93,7 @@ def _reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
 
 def _describe(obs: Observed, rev: Review) -> None:
     qd = rev.resource
-    obs.plan = rev.plan_dict()
-    obs.gpu = rev.plan.gpu
-    obs.tensor_parallel_size = rev.plan.tensor_parallel_size
-    obs.max_model_len = rev.plan.max_model_len
-    obs.gateway_enabled = qd.spec.gateway.enabled
-    obs.autoscaling = qd.spec.autoscaling is not None
-    obs.monitoring_requested = qd.spec.monitoring.service_monitor or qd.spec.monitoring.prometheus_rule
+    obs.review = rev
     obs.selector = ",".join(f"{k}={v}" for k, v in names.selector(qd, "engine").items())
     obs.endpoint = names.endpoint(qd, qd.spec.gateway.service.port)
 
@@ -93,9 +109,7 @@ def _apply(
     for obj in objects:
         current = live.get(_key(obj))
         if current is None:  # not labelled as ours (or absent): read it, never adopt a stranger
-            current = cluster.get(
-                f"{kind_of(obj).collection(obj['metadata']['namespace'])}/{obj['metadata']['name']}"
-            )
+            current = cluster.get_like(obj)
             if current is not None and not _owned_by(current, obj):
                 raise RuntimeError(
                     f"{obj['kind']} {obj['metadata']['name']} exists and is not owned by this "
@@ -123,32 +137,16 @@ def _prune(
     return writes
 
 
-def _free_gpus(cluster: Cluster, rev: Review) -> int | None:
-    gpu = rev.resource.spec.gpu
-    selector = gpu.node_selector
-    products = set(GPUS[gpu.type].product_labels)
-
-    def matches(node: dict[str, Any]) -> bool:
-        labels = node["metadata"].get("labels", {})
-        if selector is not None:
-            return all(labels.get(k) == v for k, v in selector.items())
-        return labels.get(GPU_PRODUCT_LABEL) in products
-
-    return cluster.free_gpus(gpu.resource_name, matches)
-
-
 def _observe(cluster: Cluster, obs: Observed, rev: Review) -> None:
     qd = rev.resource
     ns = qd.metadata.namespace
-    obs.engine = cluster.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{names.engine(qd)}")
+    obs.engine = cluster.get_named("apps/v1", "Deployment", ns, names.engine(qd))
     if qd.spec.gateway.enabled:
-        obs.gateway = cluster.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{names.gateway(qd)}")
+        obs.gateway = cluster.get_named("apps/v1", "Deployment", ns, names.gateway(qd))
     obs.pods = [
         p
         for p in cluster.pods(ns, names.selector(qd, "engine"))
         if not p["metadata"].get("deletionTimestamp")
     ]
     if qd.spec.autoscaling and qd.spec.autoscaling.driver == "hpa":
-        obs.hpa = cluster.get(
-            f"/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers/{names.engine(qd)}"
-        )
+        obs.hpa = cluster.get_named("autoscaling/v2", "HorizontalPodAutoscaler", ns, names.engine(qd))

@@ -7,7 +7,10 @@ Conditions (all always present, so `kubectl wait --for=condition=X` works):
   Progressing     a rollout is under way (False once complete or when stuck)
   ScalingReady    the HPA can read its metric (or replicas are fixed)
   MonitoringReady the requested monitoring objects exist (False: CRDNotInstalled)
+  ExposureReady   the client Service and the requested Ingress/HTTPRoute exist (False: CRDNotInstalled)
   Ready           at least one engine replica and the gateway serve
+
+Each optional child kind is reported by the condition `qwen_operator.kinds` assigns it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from .api.review import Review
+from .api.rollout import Rollout
+from .kinds import EXPOSURE, MONITORING, SCALING, Skipped
 
 CONDITION_TYPES = (
     "Ready",
@@ -24,6 +31,7 @@ CONDITION_TYPES = (
     "Progressing",
     "ScalingReady",
     "MonitoringReady",
+    "ExposureReady",
 )
 
 
@@ -33,22 +41,39 @@ class Observed:
 
     generation: int | None = None
     spec_errors: list[str] = field(default_factory=list)  # parse errors (ConfigValid)
-    plan_errors: list[str] = field(default_factory=list)  # plan errors (CapacityFit)
-    plan: dict[str, Any] | None = None
-    gpu: str | None = None
-    tensor_parallel_size: int | None = None
-    max_model_len: int | None = None
+    #: The parsed resource with its capacity plan; None when the spec does not parse.
+    review: Review | None = None
     endpoint: str | None = None
     selector: str | None = None
-    rollout: str | None = None
+    rollout: Rollout | None = None
     engine: dict[str, Any] | None = None  # the engine Deployment as read back
     gateway: dict[str, Any] | None = None  # the gateway Deployment as read back
-    gateway_enabled: bool = True
     pods: list[dict[str, Any]] = field(default_factory=list)  # engine pods
-    autoscaling: bool = False
     hpa: dict[str, Any] | None = None
-    skipped: list[str] = field(default_factory=list)  # optional children without their CRD
-    monitoring_requested: bool = False
+    skipped: list[Skipped] = field(default_factory=list)  # optional children without their CRD
+
+    @property
+    def plan_errors(self) -> list[str]:
+        """Why the plan does not fit (CapacityFit); empty when it fits or there is no plan."""
+        if self.review is None or self.review.ok:
+            return []
+        return [f"{path}: {message}" for path, message in self.review.plan.errors]
+
+    @property
+    def gateway_enabled(self) -> bool:
+        return self.review is None or self.review.resource.spec.gateway.enabled
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.review is not None and self.review.resource.spec.autoscaling is not None
+
+    @property
+    def monitoring_requested(self) -> bool:
+        m = self.review.resource.spec.monitoring if self.review else None
+        return m is not None and (m.service_monitor or m.prometheus_rule)
+
+    def skipped_for(self, condition: str) -> list[Skipped]:
+        return [s for s in self.skipped if s.condition == condition]
 
 
 def _cond(ctype: str, ok: bool | None, reason: str, message: str = "") -> dict[str, Any]:
@@ -94,7 +119,7 @@ def _scaling(obs: Observed) -> dict[str, Any]:
     if not obs.autoscaling:
         return _cond("ScalingReady", True, "FixedReplicas", "replicas set in spec")
     if obs.hpa is None:
-        if any(s.startswith("ScaledObject") for s in obs.skipped):
+        if obs.skipped_for(SCALING):
             return _cond("ScalingReady", False, "CRDNotInstalled", "KEDA is not installed")
         return _cond("ScalingReady", None, "NoAutoscalerStatus", "autoscaler not observed yet")
     for c in obs.hpa.get("status", {}).get("conditions", []):
@@ -111,12 +136,31 @@ def _scaling(obs: Observed) -> dict[str, Any]:
 
 
 def _monitoring(obs: Observed) -> dict[str, Any]:
-    missing = [s for s in obs.skipped if not s.startswith("ScaledObject")]
+    missing = obs.skipped_for(MONITORING)
     if missing:
-        return _cond("MonitoringReady", False, "CRDNotInstalled", "skipped: " + "; ".join(missing))
+        return _cond("MonitoringReady", False, "CRDNotInstalled", _skipped_message(missing))
     if not obs.monitoring_requested:
         return _cond("MonitoringReady", True, "Disabled", "no monitoring objects requested")
     return _cond("MonitoringReady", True, "Configured", "monitoring objects applied")
+
+
+def _exposure(obs: Observed) -> dict[str, Any]:
+    if obs.review is None or obs.plan_errors:
+        return _cond("ExposureReady", None, "Blocked", "nothing is exposed until the spec is fixed")
+    missing = obs.skipped_for(EXPOSURE)
+    if missing:
+        return _cond("ExposureReady", False, "CRDNotInstalled", _skipped_message(missing))
+    g = obs.review.resource.spec.gateway
+    routes = [kind for kind, wanted in (("Ingress", g.ingress), ("HTTPRoute", g.http_route)) if wanted]
+    if g.enabled and routes:
+        return _cond(
+            "ExposureReady", True, "Configured", f"{' and '.join(routes)} applied for {obs.endpoint}"
+        )
+    return _cond("ExposureReady", True, "ServiceOnly", f"clients reach the Service at {obs.endpoint}")
+
+
+def _skipped_message(skipped: list[Skipped]) -> str:
+    return "skipped: " + "; ".join(s.describe() for s in skipped)
 
 
 def _ready(obs: Observed, conds: dict[str, dict[str, Any]], ready_replicas: int) -> dict[str, Any]:
@@ -150,15 +194,17 @@ def compute_status(
         conds["CapacityFit"] = _cond("CapacityFit", None, "InvalidSpec", "no plan for an invalid spec")
     elif obs.plan_errors:
         conds["CapacityFit"] = _cond("CapacityFit", False, "DoesNotFit", "; ".join(obs.plan_errors))
-    else:
-        p = obs.plan or {}
+    elif obs.review is not None:
+        p = obs.review.plan
         conds["CapacityFit"] = _cond(
             "CapacityFit",
             True,
             "Fits",
-            f"{p.get('kvTokensPerReplica')} KV tokens per replica, "
-            f"{p.get('maxConcurrentAtMaxModelLen')} x {p.get('maxModelLen')}-token requests",
+            f"{p.kv_tokens_per_replica} KV tokens per replica, "
+            f"{p.max_concurrent_at_max_model_len} x {p.max_model_len}-token requests",
         )
+    else:
+        conds["CapacityFit"] = _cond("CapacityFit", None, "NoPlan", "no plan observed")
     ok, reason, message = _pending_reason(obs.pods)
     conds["Scheduled"] = _cond("Scheduled", ok, reason, message)
     conds["Progressing"] = (
@@ -168,6 +214,7 @@ def compute_status(
     )
     conds["ScalingReady"] = _scaling(obs)
     conds["MonitoringReady"] = _monitoring(obs)
+    conds["ExposureReady"] = _exposure(obs)
     conds["Ready"] = _ready(obs, conds, ready)
     status: dict[str, Any] = {
         "observedGeneration": obs.generation,
@@ -178,14 +225,15 @@ def compute_status(
         "replicasSummary": f"{ready}/{desired}",
         "conditions": _stamp([conds[t] for t in CONDITION_TYPES], previous, obs.generation, now),
     }
+    plan = obs.review.plan if obs.review else None
     optional = {
         "selector": obs.selector,
-        "gpu": obs.gpu,
-        "tensorParallelSize": obs.tensor_parallel_size,
-        "maxModelLen": obs.max_model_len,
+        "gpu": plan.gpu if plan else None,
+        "tensorParallelSize": plan.tensor_parallel_size if plan else None,
+        "maxModelLen": plan.max_model_len if plan else None,
         "endpoint": obs.endpoint,
-        "rolloutStrategy": obs.rollout,
-        "plan": obs.plan,
+        "rolloutStrategy": obs.rollout.describe() if obs.rollout else None,
+        "plan": obs.review.plan_dict() if obs.review else None,
     }
     status.update({k: v for k, v in optional.items() if v is not None})
     return _without_nulls(status)

@@ -59,8 +59,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{/*
 Rules for the objects the operator reads and writes in the namespaces it watches: granted by a
 ClusterRole in cluster scope, by a Role per watched namespace in namespaced scope.
-The operator creates a Role granting pods get/list/watch (for the gateway's endpoint discovery), so it
-holds exactly those pod verbs itself; it never needs bind or escalate.
+The rules for the child kinds it creates are generated from qwen_operator.kinds (_managed-kinds.tpl);
+the ones here are those that are not child kinds. The operator creates a Role granting pods
+get/list/watch (for the gateway's endpoint discovery), so it holds exactly those pod verbs itself; it
+never needs bind or escalate.
 */}}
 {{- define "qwen-operator.namespacedRules" -}}
 - apiGroups: ["inference.qwenops.dev"]
@@ -70,9 +72,6 @@ holds exactly those pod verbs itself; it never needs bind or escalate.
   resources: ["qwendeployments/status"]
   verbs: ["get", "patch", "update"]
 - apiGroups: [""]
-  resources: ["services", "configmaps", "serviceaccounts"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-- apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
 - apiGroups: [""]
@@ -81,28 +80,5 @@ holds exactly those pod verbs itself; it never needs bind or escalate.
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
-- apiGroups: ["apps"]
-  resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-- apiGroups: ["rbac.authorization.k8s.io"]
-  resources: ["roles", "rolebindings"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-- apiGroups: ["autoscaling"]
-  resources: ["horizontalpodautoscalers"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-- apiGroups: ["policy"]
-  resources: ["poddisruptionbudgets"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-- apiGroups: ["networking.k8s.io"]
-  resources: ["networkpolicies", "ingresses"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-- apiGroups: ["gateway.networking.k8s.io"]
-  resources: ["httproutes"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-- apiGroups: ["monitoring.coreos.com"]
-  resources: ["servicemonitors", "podmonitors", "prometheusrules"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-- apiGroups: ["keda.sh"]
-  resources: ["scaledobjects"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+{{ include "qwen-operator.managedKindRules" . }}
 {{- end }}

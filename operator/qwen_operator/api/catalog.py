@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import versions
+
 GIB = 1024**3
 MIB = 1024**2
 
 #: Version of vLLM whose argument parser the tests use; the default engine image carries the same tag.
-VLLM_VERSION = "0.32.0"
-DEFAULT_ENGINE_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
+VLLM_VERSION = versions.VLLM
+DEFAULT_ENGINE_IMAGE = versions.ENGINE_IMAGE
 
 #: Qwen3's native context window and the longest window YaRN rope scaling is validated for.
 NATIVE_CONTEXT = 32_768

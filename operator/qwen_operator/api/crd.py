@@ -147,7 +147,7 @@ def status_schema() -> dict[str, Any]:
             "conditions": {
                 "type": "array",
                 "description": "Typed conditions: Ready, ConfigValid, CapacityFit, Scheduled, Progressing, "
-                "ScalingReady, MonitoringReady.",
+                "ScalingReady, MonitoringReady, ExposureReady.",
                 "items": _condition_schema(),
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],

@@ -340,7 +340,8 @@ class Ingress(Model):
 
 
 class HttpRoute(Model):
-    """An optional Gateway API HTTPRoute to the gateway Service."""
+    """An optional Gateway API HTTPRoute to the gateway Service. Skipped (condition ExposureReady=False)
+    when the Gateway API CRDs are absent."""
 
     parent_refs: list[KubeObject] = Field(min_length=1, description="Gateways the route attaches to.")
     hostnames: list[str] = Field(default_factory=list, description="Host names.")

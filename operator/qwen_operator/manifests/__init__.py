@@ -8,21 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..api.pool import NodePool
 from ..api.review import Review
-from .engine import Rollout, build_engine_deployment, build_engine_service
-from .gateway import GATEWAY_METRICS_PORTS, build_client_service, build_gateway
+from ..api.rollout import Rollout
+from ..gateway import GATEWAY_METRICS_PORTS, GatewayConfig
+from ..kinds import Skipped, kind_of
+from .engine import build_engine_deployment, build_engine_service
+from .exposure import build_client_service, build_routes
+from .gateway import build_gateway
 from .monitoring import build_engine_service_monitor, build_gateway_pod_monitor, build_prometheus_rule
 from .policy import build_engine_network_policy, build_pdb
 from .scaling import build_hpa, build_scaled_object
-
-#: CRDs that optional kinds need; without them the child is skipped and the status says so.
-CRD_OF_KIND = {
-    "ServiceMonitor": "servicemonitors.monitoring.coreos.com",
-    "PodMonitor": "podmonitors.monitoring.coreos.com",
-    "PrometheusRule": "prometheusrules.monitoring.coreos.com",
-    "ScaledObject": "scaledobjects.keda.sh",
-    "HTTPRoute": "httproutes.gateway.networking.k8s.io",
-}
 
 
 @dataclass(frozen=True)
@@ -39,7 +35,7 @@ class Children:
 
     objects: list[dict[str, Any]]
     rollout: Rollout
-    skipped: list[str]
+    skipped: list[Skipped]
 
 
 def build_children(review: Review, facts: ClusterFacts | None = None) -> Children:
@@ -48,7 +44,8 @@ def build_children(review: Review, facts: ClusterFacts | None = None) -> Childre
     spec = review.resource.spec
     rollout = Rollout.choose(facts.free_gpus, review.plan.gpus_per_replica)
     objects = [
-        *build_gateway(review),
+        *build_gateway(review, GatewayConfig.of(review)),
+        *build_routes(review),
         build_engine_service(review),
         build_client_service(review),
         build_engine_deployment(review, rollout),
@@ -64,13 +61,20 @@ def build_children(review: Review, facts: ClusterFacts | None = None) -> Childre
             objects.append(build_gateway_pod_monitor(review, list(GATEWAY_METRICS_PORTS)))
     if spec.monitoring.prometheus_rule:
         objects.append(build_prometheus_rule(review))
-    missing = [o for o in objects if CRD_OF_KIND.get(o["kind"]) in facts.missing_crds]
-    skipped = [
-        f"{o['kind']} {o['metadata']['name']} ({CRD_OF_KIND[o['kind']]} not installed)" for o in missing
-    ]
-    objects = [o for o in objects if o not in missing]
-    return Children(objects=objects, rollout=rollout, skipped=skipped)
+    kept, skipped = [], []
+    for obj in objects:
+        kind = kind_of(obj["apiVersion"], obj["kind"])
+        if kind.crd in facts.missing_crds:
+            skipped.append(Skipped(kind, obj["metadata"]["name"]))
+        else:
+            kept.append(obj)
+    return Children(objects=kept, rollout=rollout, skipped=skipped)
 
 
 def build_all(review: Review, facts: ClusterFacts | None = None) -> list[dict[str, Any]]:
     return build_children(review, facts).objects
+
+
+def node_pool(review: Review) -> NodePool:
+    """The nodes engine pods may run on; the reconciler counts free GPUs on exactly these."""
+    return NodePool.of(review.resource.spec.gpu)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
-from ..api.catalog import DEFAULT_ENGINE_IMAGE, GPUS
+from .. import names
+from ..api.catalog import DEFAULT_ENGINE_IMAGE
 from ..api.engine import ENGINE_MODULE, ENGINE_PORT, engine_args
+from ..api.pool import NodePool
 from ..api.review import Review
-from . import names
+from ..api.rollout import Rollout
 from .meta import metadata
 
 MODEL_CACHE_PATH = "/models"
@@ -21,65 +22,12 @@ STARTUP_BASE_SECONDS = 600
 STARTUP_SECONDS_PER_GB = 10
 
 
-@dataclass(frozen=True)
-class Rollout:
-    """How the engine Deployment replaces pods; chosen from the free GPUs in the pool."""
-
-    mode: str  # "Surge" or "InPlace"
-    reason: str
-
-    @staticmethod
-    def choose(free_gpus: int | None, gpus_per_replica: int) -> Rollout:
-        if free_gpus is None:
-            return Rollout("InPlace", "free GPUs in the pool unknown: replacing pods one at a time")
-        if free_gpus >= gpus_per_replica:
-            return Rollout(
-                "Surge", f"{free_gpus} free GPUs in the pool fit a surge replica ({gpus_per_replica} GPUs)"
-            )
-        return Rollout(
-            "InPlace",
-            f"{free_gpus} free GPUs in the pool, a surge replica needs "
-            f"{gpus_per_replica}: replacing pods one at a time",
-        )
-
-    def strategy(self) -> dict[str, Any]:
-        surge, unavailable = (1, 0) if self.mode == "Surge" else (0, 1)
-        return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": surge, "maxUnavailable": unavailable}}
-
-
 def startup_seconds(review: Review) -> int:
     override = review.resource.spec.engine.probes.startup_seconds
     if override:
         return override
     weights_gb = review.plan.weights_bytes_per_gpu * review.plan.gpus_per_replica / 1e9
     return STARTUP_BASE_SECONDS + math.ceil(weights_gb * STARTUP_SECONDS_PER_GB)
-
-
-def _scheduling(review: Review) -> dict[str, Any]:
-    gpu = review.resource.spec.gpu
-    out: dict[str, Any] = {
-        "tolerations": gpu.tolerations
-        if gpu.tolerations is not None
-        else [{"key": gpu.resource_name, "operator": "Exists", "effect": "NoSchedule"}],
-    }
-    if gpu.node_selector is not None:
-        out["nodeSelector"] = gpu.node_selector
-    if gpu.affinity is not None:
-        out["affinity"] = gpu.affinity
-    elif gpu.node_selector is None:
-        term = {
-            "key": "nvidia.com/gpu.product",
-            "operator": "In",
-            "values": list(GPUS[gpu.type].product_labels),
-        }
-        out["affinity"] = {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [{"matchExpressions": [term]}]
-                }
-            }
-        }
-    return out
 
 
 def _env(review: Review) -> list[dict[str, Any]]:
@@ -165,7 +113,7 @@ def build_engine_deployment(review: Review, rollout: Rollout) -> dict[str, Any]:
         "terminationGracePeriodSeconds": spec.engine.termination_grace_period_seconds,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        **_scheduling(review),
+        **NodePool.of(spec.gpu).pod_scheduling(),
     }
     if spec.engine.priority_class_name:
         pod_spec["priorityClassName"] = spec.engine.priority_class_name

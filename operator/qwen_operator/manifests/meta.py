@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import names
 from ..api.spec import API_VERSION, KIND, QwenDeployment
-from . import names
 
 
 def owner_reference(qd: QwenDeployment) -> dict[str, Any]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import names
 from ..api.review import Review
-from . import names
 from .meta import metadata
 
 

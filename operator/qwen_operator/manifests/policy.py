@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import names
 from ..api.engine import ENGINE_PORT
 from ..api.review import Review
-from . import names
 from .meta import metadata
 
 #: Pods allowed to scrape engine metrics directly, in any namespace.

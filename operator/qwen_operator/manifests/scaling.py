@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import names
 from ..api.review import Review
-from . import names
 from .meta import metadata
 
 #: Per-pod gauge of requests waiting for a batch slot; the HPA reads it through a custom metrics adapter.

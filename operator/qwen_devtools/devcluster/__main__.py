@@ -1,0 +1,56 @@
+"""Command line of the dev cluster: ``python -m qwen_devtools.devcluster <command> [--name NAME]``.
+
+Commands: ``build`` (binaries only), ``up``, ``down``, ``status`` (exit 1 unless up), ``kubeconfig``
+(print its path), ``env`` (print an ``export KUBECONFIG=...`` line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import build, cluster, procs
+
+DESCRIPTION = "A local Kubernetes control plane with simulated GPU node pools, for e2e tests and the demo."
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m qwen_devtools.devcluster", description=DESCRIPTION)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("build", help="build and cache the pinned binaries (no-op when cached)")
+    for command, text in (
+        ("up", "start the cluster (idempotent) and create the simulated node pools"),
+        ("down", "stop the cluster and remove its state (idempotent)"),
+        ("status", "show components and apiserver health; exit 1 unless up"),
+        ("kubeconfig", "print the kubeconfig path"),
+        ("env", "print an export KUBECONFIG=... line"),
+    ):
+        sub = commands.add_parser(command, help=text)
+        sub.add_argument("--name", default="dev", help="cluster name (default: dev)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the process exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "build":
+            print(build.build())
+        elif args.command == "up":
+            cluster.up(args.name)
+        elif args.command == "down":
+            cluster.down(args.name)
+        elif args.command == "status":
+            return 0 if cluster.status(args.name) else 1
+        elif args.command == "kubeconfig":
+            print(cluster.repo_kubeconfig(args.name))
+        else:
+            print(f"export KUBECONFIG={cluster.repo_kubeconfig(args.name)}")
+    except (procs.ComponentError, build.BuildError, ValueError) as error:
+        print(f"[devcluster] error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""Bringing a named dev cluster up and down, reporting its status, and a handle for using it.
+
+State lives in ``/dev/shm/qwen-devcluster-<name>/``: ``state.json`` (ports, pids, executables), ``pki/``,
+``etcd/`` data, ``logs/<component>.log``, ``audit.log`` (JSON, metadata of every write) and
+``kubeconfig``. The kubeconfig is also copied to ``<repo>/.devcluster/<name>/kubeconfig``, next to an
+``audit.log`` symlink (that directory ignores itself in git).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kubernetes import client, config
+
+from ..net import free_ports
+from ..procs import clean_env, tail
+from ..repo import REPO
+from . import build, components, kubeconfig, nodes, pki, procs
+
+STATE_ROOT = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+NAME_PATTERN = re.compile(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?")
+START_TIMEOUT = {"kube-apiserver": 90.0}
+DEFAULT_START_TIMEOUT = 45.0
+NODES_TIMEOUT = 60.0
+LOG_TAIL_LINES = 40
+
+
+def log(message: str) -> None:
+    """One progress line on stdout."""
+    print(f"[devcluster] {message}", flush=True)
+
+
+@contextlib.contextmanager
+def _step(label: str) -> Iterator[None]:
+    started = time.monotonic()
+    yield
+    log(f"{label} ({time.monotonic() - started:.1f}s)")
+
+
+def state_dir(name: str) -> Path:
+    """Runtime directory of dev cluster ``name`` (on tmpfs where available)."""
+    return STATE_ROOT / f"qwen-devcluster-{name}"
+
+
+def repo_kubeconfig(name: str) -> Path:
+    """Repository-relative copy of the kubeconfig of dev cluster ``name``."""
+    return REPO / ".devcluster" / name / "kubeconfig"
+
+
+def check_name(name: str) -> None:
+    """Reject names that are not short DNS labels (they end up in paths and context names)."""
+    if not NAME_PATTERN.fullmatch(name):
+        raise ValueError(
+            f"invalid cluster name {name!r}: use 1-32 of [a-z0-9-], starting/ending alphanumeric"
+        )
+
+
+@dataclass
+class State:
+    """What ``up`` recorded about a running cluster: enough for ``down`` and ``status``."""
+
+    name: str
+    ports: dict[str, int]
+    advertise_address: str
+    executables: dict[str, str]
+    pids: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def dir(self) -> Path:
+        return state_dir(self.name)
+
+    def save(self) -> None:
+        (self.dir / "state.json").write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, name: str) -> State | None:
+        try:
+            return cls(**json.loads((state_dir(name) / "state.json").read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def layout(self) -> components.Layout:
+        return components.Layout(self.dir, self.ports, pki.load(self.dir / "pki"), self.advertise_address)
+
+    def log_file(self, component: str) -> Path:
+        return self.dir / "logs" / f"{component}.log"
+
+    def running(self, component: str) -> bool:
+        pid = self.pids.get(component)
+        return pid is not None and procs.running(pid, self.executables[component])
+
+
+class KubectlError(subprocess.CalledProcessError):
+    """A failed kubectl run; unlike its base class, the message includes kubectl's stderr."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\n{self.stderr}"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Handle of a cluster: its kubeconfig, a Python client, kubectl and the cached binaries."""
+
+    kubeconfig: Path
+    name: str | None = None
+
+    def bin(self, name: str) -> Path:
+        """Path of a cached binary (kubectl, helm, kwok, ...)."""
+        return build.binary(name)
+
+    def api_client(self) -> client.ApiClient:
+        """A kubernetes ApiClient for this cluster; proxies from the environment are not used."""
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=configuration)
+        configuration.proxy = None
+        return client.ApiClient(configuration)
+
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the built kubectl against this cluster; with ``check``, a failure raises KubectlError."""
+        argv = [str(self.bin("kubectl")), f"--kubeconfig={self.kubeconfig}", *args]
+        env = clean_env({"KUBECONFIG": str(self.kubeconfig)})
+        result = subprocess.run(argv, input=input, capture_output=True, text=True, env=env, timeout=timeout)
+        if check and result.returncode:
+            raise KubectlError(result.returncode, argv, result.stdout, result.stderr)
+        return result
+
+
+def healthy(state: State) -> bool:
+    """All components run and the apiserver is ready."""
+    if not all(state.running(component) for component in components.ORDER):
+        return False
+    return components.probe("kube-apiserver", state.layout()).ok()
+
+
+def is_up(name: str) -> bool:
+    """True if dev cluster ``name`` was started and is healthy."""
+    state = State.load(name)
+    return state is not None and healthy(state)
+
+
+def up(name: str = "dev") -> Cluster:
+    """Start dev cluster ``name`` (building binaries if needed), or report it if it already runs."""
+    check_name(name)
+    existing = State.load(name)
+    if existing and healthy(existing):
+        log(f"cluster {name!r} is already up")
+        return _report(existing)
+    if _leftovers(name):
+        log(f"cluster {name!r} has stale state; removing it first")
+        down(name)
+    started = time.monotonic()
+    with _step("binaries ready"):
+        build.build()
+    try:
+        state = _prepare(name)
+        _start_components(state)
+        _create_nodes(state)
+    except BaseException as error:
+        _fail(name, error)
+        raise
+    log(f"cluster {name!r} is up in {time.monotonic() - started:.1f}s")
+    return _report(state)
+
+
+def _prepare(name: str) -> State:
+    """Create the state directory, PKI and kubeconfigs; choose ports."""
+    with _step("PKI and kubeconfig generated"):
+        directory = state_dir(name)
+        directory.mkdir(parents=True, mode=0o700)
+        ports = dict(zip(components.PORT_NAMES, free_ports(len(components.PORT_NAMES)), strict=True))
+        address = components.advertise_address()
+        executables = {c: os.path.realpath(build.binary(c)) for c in components.ORDER}
+        state = State(name, ports, address, executables)
+        state.save()
+        keys = pki.generate(directory / "pki", [address])
+        server = f"https://127.0.0.1:{ports['kube-apiserver']}"
+        ca_pem = (directory / "pki" / "ca.crt").read_bytes()
+        for path in (directory / "kubeconfig", repo_kubeconfig(name)):
+            kubeconfig.write(path, name, server, ca_pem, keys.admin_token)
+        repo_kubeconfig(name).with_name("audit.log").symlink_to(directory / "audit.log")
+        (REPO / ".devcluster" / ".gitignore").write_text("*\n")
+    return state
+
+
+def _start(state: State, component: str) -> None:
+    argv = components.argv(component, state.layout())
+    state.pids[component] = procs.start(component, argv, state.dir / "logs")
+    state.save()
+
+
+def _wait(state: State, component: str) -> None:
+    timeout = START_TIMEOUT.get(component, DEFAULT_START_TIMEOUT)
+    probe = components.probe(component, state.layout())
+    pid, executable = state.pids[component], state.executables[component]
+    procs.wait_healthy(component, pid, executable, probe, state.log_file(component), timeout)
+
+
+def _start_components(state: State) -> None:
+    """etcd, then the apiserver, then the rest together; each waits for its health endpoint."""
+    for group in (("etcd",), ("kube-apiserver",), components.ORDER[2:]):
+        with _step(f"{', '.join(group)} healthy"):
+            for component in group:
+                _start(state, component)
+            for component in group:
+                _wait(state, component)
+
+
+def _create_nodes(state: State) -> None:
+    with _step("simulated nodes Ready"), Cluster(state.dir / "kubeconfig").api_client() as api_client:
+        core = client.CoreV1Api(api_client)
+        try:
+            nodes.wait_ready(core, nodes.create_all(core), NODES_TIMEOUT)
+        except TimeoutError as error:
+            raise procs.ComponentError("kwok", str(error), state.log_file("kwok")) from error
+
+
+def _fail(name: str, error: BaseException) -> None:
+    """Show the failing component's log tail, then tear everything down."""
+    log(f"FAILED: {error}")
+    if isinstance(error, procs.ComponentError) and error.log:
+        log(f"last {LOG_TAIL_LINES} lines of {error.log}:")
+        print(tail(error.log, LOG_TAIL_LINES), flush=True)
+    down(name)
+
+
+def _report(state: State) -> Cluster:
+    handle = Cluster(repo_kubeconfig(state.name), state.name)
+    with handle.api_client() as api_client:
+        table = nodes.gpu_table(client.CoreV1Api(api_client))
+    print(
+        f"\nkubeconfig: {handle.kubeconfig}\nexport KUBECONFIG={handle.kubeconfig}\n\n{table}\n", flush=True
+    )
+    return handle
+
+
+def down(name: str = "dev", timeout: float = 10.0) -> None:
+    """Stop the recorded processes of cluster ``name`` and remove its state; a no-op if nothing is there."""
+    check_name(name)
+    state = State.load(name)
+    if state is None and not _leftovers(name):
+        log(f"cluster {name!r} is not running")
+        return
+    with _step(f"cluster {name!r} is down"):
+        if state:
+            _stop_components(state, timeout)
+        for path in _leftovers(name):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _leftovers(name: str) -> list[Path]:
+    """Existing directories of cluster ``name``: its state directory and its kubeconfig directory."""
+    return [path for path in (state_dir(name), repo_kubeconfig(name).parent) if path.exists()]
+
+
+def _stop_components(state: State, timeout: float) -> None:
+    """Stop in reverse start order, one at a time: the apiserver stops slowly once etcd is gone."""
+    for component in reversed(components.ORDER):
+        if component in state.pids:
+            procs.stop(state.pids[component], state.executables[component], timeout)
+
+
+def status(name: str = "dev") -> bool:
+    """Print which components run and whether the apiserver is ready; True if the cluster is up."""
+    check_name(name)
+    state = State.load(name)
+    if state is None:
+        log(f"cluster {name!r} is not up (no {state_dir(name) / 'state.json'})")
+        return False
+    running = {component: state.running(component) for component in components.ORDER}
+    for component, is_running in running.items():
+        log(f"{component:<24} {'running' if is_running else 'STOPPED'} (pid {state.pids.get(component)})")
+    url = f"https://127.0.0.1:{state.ports['kube-apiserver']}/readyz"
+    ready = components.probe("kube-apiserver", state.layout()).ok()
+    log(f"apiserver {url}: {'ok' if ready else 'NOT READY'}")
+    return ready and all(running.values())

@@ -1,0 +1,195 @@
+"""The gateway exactly as the operator renders it (run-nginx.sh with nginx.conf, vllm-router's command
+line, both exporters' configuration) on loopback, in front of running engines; only ports, paths and the
+static engine URLs are the test's."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from qwen_operator import gateway
+from qwen_operator.api.review import Review
+from qwen_operator.gateway import Wiring
+
+from ..net import LOOPBACK, free_ports, free_udp_port
+from ..procs import Proc, spawn, wait_ready
+from ..vllm_env import vllm_router_bin
+from .exporters import nginx_exporter_bin, nginxlog_exporter_bin
+from .nginx import nginx_bin
+
+
+def write_secret_volume(directory: Path, data: Mapping[str, str]) -> None:
+    """Write `data` the way kubelet updates a mounted Secret: files are symlinks through `..data`,
+    which is swapped atomically to a new timestamped directory on every update."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = directory / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{time.monotonic_ns()}"
+    stamp.mkdir()
+    for key, value in data.items():
+        (stamp / key).write_text(value)
+    old = os.readlink(directory / "..data") if (directory / "..data").is_symlink() else None
+    tmp_link = directory / "..data_tmp"
+    tmp_link.unlink(missing_ok=True)
+    tmp_link.symlink_to(stamp.name)
+    tmp_link.rename(directory / "..data")
+    for entry in directory.iterdir():
+        if not entry.name.startswith("..") and entry.name not in data:
+            entry.unlink()
+    for key in data:
+        link = directory / key
+        if not link.is_symlink():
+            link.symlink_to(f"..data/{key}")
+    if old:
+        shutil.rmtree(directory / old, ignore_errors=True)
+
+
+@dataclass
+class GatewayStack:
+    """A running gateway: run-nginx.sh (nginx), vllm-router and both exporters, on loopback."""
+
+    wiring: Wiring
+    root: Path
+    procs: dict[str, Proc]
+
+    def _url(self, port: int) -> str:
+        return f"http://{LOOPBACK}:{port}"
+
+    @property
+    def url(self) -> str:
+        """The client endpoint (what the Service exposes)."""
+        return self._url(self.wiring.http_port)
+
+    @property
+    def status_url(self) -> str:
+        return self._url(self.wiring.status_port)
+
+    @property
+    def router_url(self) -> str:
+        """vllm-router itself (loopback-only in the pod: admin routes live here)."""
+        return self._url(self.wiring.router_port)
+
+    @property
+    def router_metrics_url(self) -> str:
+        return self._url(self.wiring.router_metrics_port) + "/metrics"
+
+    @property
+    def log_metrics_url(self) -> str:
+        return self._url(self.wiring.log_metrics_port) + "/metrics"
+
+    @property
+    def nginx_metrics_url(self) -> str:
+        return self._url(self.wiring.nginx_metrics_port) + "/metrics"
+
+    def set_api_keys(self, keys: Mapping[str, str]) -> None:
+        """Replace the API-key Secret's content, as kubelet does when the Secret changes."""
+        write_secret_volume(Path(self.wiring.api_keys_dir), keys)
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            proc.stop()
+
+
+def loopback_wiring(root: Path, worker_urls: Sequence[str]) -> Wiring:
+    """The pod's wiring with free loopback ports, directories under root and static engine URLs."""
+    ports = free_ports(7)
+    return Wiring(
+        bind_host=LOOPBACK,
+        http_port=ports[0],
+        status_port=ports[1],
+        router_port=ports[2],
+        router_metrics_port=ports[3],
+        log_metrics_port=ports[4],
+        nginx_metrics_port=ports[5],
+        syslog_port=free_udp_port(),
+        config_dir=str(root / "config"),
+        api_keys_dir=str(root / "secrets" / "api-keys"),
+        engine_key_file=str(root / "secrets" / "engine-key" / "token"),
+        state_dir=str(root / "state"),
+        temp_dir=str(root / "tmp"),
+        worker_urls=tuple(worker_urls),
+    )
+
+
+def start_gateway_stack(
+    review: Review,
+    worker_urls: Sequence[str],
+    api_keys: Mapping[str, str] | None = None,
+    engine_key: str | None = None,
+    root: Path | None = None,
+    timeout: float = 60.0,
+) -> GatewayStack:
+    """Start the gateway for `review` in front of running engines; the caller must call stop().
+
+    Runs exactly the rendered files (nginx.conf, run-nginx.sh, nginxlog-exporter.yml) and command lines
+    (vllm-router, nginx-prometheus-exporter); only ports, paths and the engine URLs are the test's.
+    """
+    root = root or Path(tempfile.mkdtemp(prefix="qwen-gateway-"))
+    wiring = loopback_wiring(root, worker_urls)
+    config = Path(wiring.config_dir)
+    config.mkdir(parents=True, exist_ok=True)
+    for name, text in gateway.config_files(review, wiring).items():
+        (config / name).write_text(text)
+    if api_keys is not None:
+        write_secret_volume(Path(wiring.api_keys_dir), api_keys)
+    if engine_key is not None:
+        write_secret_volume(Path(wiring.engine_key_file).parent, {"token": engine_key})
+    # nginx's workers drop root when the tests run as root: let them use the temp directory.
+    Path(wiring.temp_dir).mkdir(parents=True, exist_ok=True)
+    Path(wiring.temp_dir).chmod(0o777)
+    logs = root / "logs"
+    stack = GatewayStack(wiring=wiring, root=root, procs={})
+    try:
+        _start_gateway_parts(stack, review, logs, timeout)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
+def _start_gateway_parts(stack: GatewayStack, review: Review, logs: Path, timeout: float) -> None:
+    w = stack.wiring
+    router_argv = [str(vllm_router_bin()), *gateway.router_args(review, w)]
+    router = spawn("router", router_argv, logs, port=w.router_port)
+    stack.procs["router"] = router
+    exporter = spawn(
+        "log-exporter",
+        [str(nginxlog_exporter_bin()), "-config-file", f"{w.config_dir}/nginxlog-exporter.yml"],
+        logs,
+        port=w.log_metrics_port,
+    )
+    stack.procs["log-exporter"] = exporter
+    path = f"{nginx_bin().parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    nginx = spawn(
+        "nginx", ["/bin/sh", f"{w.config_dir}/run-nginx.sh"], logs, env={"PATH": path}, port=w.status_port
+    )
+    stack.procs["nginx"] = nginx
+    stack.procs["nginx-exporter"] = spawn(
+        "nginx-exporter",
+        [str(nginx_exporter_bin()), *gateway.nginx_exporter_args(w)],
+        logs,
+        port=w.nginx_metrics_port,
+    )
+    wait_ready(router, "/liveness", timeout)  # --worker-urls: only after every engine is healthy
+    wait_ready(exporter, "/metrics", timeout)
+    wait_ready(nginx, "/ready", timeout)
+    wait_ready(stack.procs["nginx-exporter"], "/metrics", timeout)
+
+
+@contextlib.contextmanager
+def start_gateway(
+    review: Review,
+    worker_urls: Sequence[str],
+    api_keys: Mapping[str, str] | None = None,
+    engine_key: str | None = None,
+) -> Iterator[GatewayStack]:
+    """Context-managed start_gateway_stack."""
+    stack = start_gateway_stack(review, worker_urls, api_keys, engine_key)
+    try:
+        yield stack
+    finally:
+        stack.stop()

@@ -1,0 +1,41 @@
+"""The gateway's process configuration: what nginx, vllm-router and the two exporters run with.
+
+One gateway pod runs four containers and no code of this project in the request path:
+  nginx            API keys from a Secret (reloaded gracefully on change), per-key limit_req, a hard
+                   in-flight cap, OpenAI routes only, unbuffered streaming, JSON access logs;
+  vllm-router      on loopback: routing policy, Kubernetes discovery of the engine pods, retries before
+                   the first byte, circuit breaker, health checks, bounded admission queue;
+  log exporter     prometheus-nginxlog-exporter turns the access log (loopback syslog) into per-key
+                   request, error, throttle and latency metrics;
+  nginx exporter   nginx-prometheus-exporter: connections and in-flight requests from stub_status.
+
+Everything here is a pure function of the reviewed resource and a `Wiring` (ports and paths), so tests
+run the very same nginx.conf, entry script and router command line on loopback. The pod that runs it
+is built in `qwen_operator.manifests.gateway` from one `GatewayConfig`.
+"""
+
+from .config import GatewayConfig, config_files
+from .exporters import LATENCY_BUCKETS, LOG_METRICS_NAMESPACE, log_exporter_config, nginx_exporter_args
+from .limits import Limits
+from .nginx import OPENAI_ROUTES, nginx_conf, run_nginx_script
+from .router import balance_abs_threshold, router_args
+from .wiring import GATEWAY_METRICS_PORTS, POD, SERVICE_ACCOUNT_DIR, Wiring
+
+__all__ = [
+    "GATEWAY_METRICS_PORTS",
+    "LATENCY_BUCKETS",
+    "LOG_METRICS_NAMESPACE",
+    "OPENAI_ROUTES",
+    "POD",
+    "SERVICE_ACCOUNT_DIR",
+    "GatewayConfig",
+    "Limits",
+    "Wiring",
+    "balance_abs_threshold",
+    "config_files",
+    "log_exporter_config",
+    "nginx_conf",
+    "nginx_exporter_args",
+    "router_args",
+    "run_nginx_script",
+]

@@ -1,0 +1,72 @@
+"""nginx.conf and the nginx container's entry script, rendered from the Jinja templates beside it."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import jinja2
+
+from ..api.review import Review
+from .limits import Limits
+from .wiring import POD, Wiring
+
+#: Routes clients may call; everything else (engine admin routes included) gets a JSON 404.
+OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+#: Tag of the access-log lines sent to the log exporter over loopback syslog.
+SYSLOG_TAG = "qwen_gateway"
+MAX_BODY = "16m"
+BODY_BUFFER = "1m"
+RELOAD_INTERVAL_SECONDS = 5
+
+
+@cache
+def _templates() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("qwen_operator.gateway", "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,  # nginx and shell text, not HTML
+    )
+
+
+def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
+    qd = review.resource
+    g = qd.spec.gateway
+    return {
+        "deployment": f"{qd.metadata.namespace}/{qd.metadata.name}",
+        "auth": g.api_keys_secret is not None,
+        "engine_key": qd.spec.engine.api_key_secret is not None,
+        "worker_processes": 2,
+        # each proxied request holds a client and an upstream connection
+        "worker_connections": max(4096, 4 * limits.in_flight),
+        "request_timeout": g.request_timeout_seconds,
+        "connect_timeout": g.connect_timeout_seconds,
+        "rate_per_minute": limits.rate_per_minute,
+        "spec_rate_per_minute": g.rate_limit.requests_per_minute,
+        "burst": limits.burst,
+        "retry_after": limits.retry_after,
+        "in_flight": limits.in_flight,
+        "routes": OPENAI_ROUTES,
+        "max_body": MAX_BODY,
+        "body_buffer": BODY_BUFFER,
+        "syslog_tag": SYSLOG_TAG,
+        "reload_interval": RELOAD_INTERVAL_SECONDS,
+    }
+
+
+def _render(template: str, review: Review, wiring: Wiring, limits: Limits | None) -> str:
+    values = _template_values(review, limits or Limits.of(review))
+    return _templates().get_template(template).render(c=values, w=wiring)
+
+
+def nginx_conf(review: Review, wiring: Wiring = POD, limits: Limits | None = None) -> str:
+    """nginx.conf of the gateway."""
+    return _render("nginx.conf.j2", review, wiring, limits)
+
+
+def run_nginx_script(review: Review, wiring: Wiring = POD, limits: Limits | None = None) -> str:
+    """Entry point of the nginx container: renders keys, runs nginx, reloads it when a Secret changes."""
+    return _render("run-nginx.sh.j2", review, wiring, limits)

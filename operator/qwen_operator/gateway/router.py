@@ -1,0 +1,68 @@
+"""vllm-router's command line: routing policy, engine discovery, admission, retries, health checks."""
+
+from __future__ import annotations
+
+from .. import names
+from ..api.engine import ENGINE_PORT
+from ..api.review import Review
+from .limits import Limits
+from .wiring import POD, Wiring
+
+
+def balance_abs_threshold(review: Review) -> int:
+    """In-flight difference between engines above which cache_aware stops following prefixes.
+
+    vllm-router's default (64) is a quarter of vLLM's default batch (256 sequences); keep that ratio
+    for the engine's real batch size, so small batches do not pile onto one engine.
+    """
+    return max(2, review.resource.spec.engine.max_num_seqs // 4)
+
+
+def router_args(review: Review, wiring: Wiring = POD, limits: Limits | None = None) -> list[str]:
+    """vllm-router's command line (after the program name)."""
+    qd = review.resource
+    g = qd.spec.gateway
+    limits = limits or Limits.of(review)
+    args = [
+        "--host", wiring.router_host,
+        "--port", str(wiring.router_port),
+        "--policy", g.policy,
+    ]  # fmt: skip
+    if wiring.worker_urls:
+        args += ["--worker-urls", *wiring.worker_urls]
+    else:
+        args += [
+            "--service-discovery",
+            "--selector", *(f"{k}={v}" for k, v in names.selector(qd, "engine").items()),
+            "--service-discovery-namespace", qd.metadata.namespace,
+            "--service-discovery-port", str(ENGINE_PORT),
+        ]  # fmt: skip
+    args += [
+        "--prometheus-host", wiring.bind_host or "0.0.0.0",
+        "--prometheus-port", str(wiring.router_metrics_port),
+        # Long generations are not cut short; nginx uses the same budget.
+        "--request-timeout-secs", str(g.request_timeout_seconds),
+        # Admission: a token bucket of this pod's share of the slots, then a bounded wait queue.
+        "--max-concurrent-requests", str(limits.max_concurrent),
+        "--queue-size", str(limits.queue_size),
+        "--queue-timeout-secs", str(g.queue_timeout_seconds),
+        # A failed attempt (refused, reset, 5xx before any byte) moves to another engine.
+        "--retry-max-retries", "3",
+        "--retry-initial-backoff-ms", "50",
+        "--retry-max-backoff-ms", "1000",
+        # An engine that fails three times in a row gets no traffic for 10 s, then one probe request.
+        "--cb-failure-threshold", "3",
+        "--cb-success-threshold", "1",
+        "--cb-timeout-duration-secs", "10",
+        # Health checks catch engines that stop answering without failing requests first.
+        "--health-check-interval-secs", "5",
+        "--health-check-timeout-secs", "5",
+        "--health-failure-threshold", "2",
+        "--health-success-threshold", "1",
+        "--balance-abs-threshold", str(balance_abs_threshold(review)),
+        # Prefix tree budget per engine (characters); bounds router memory with many engines.
+        "--max-tree-size", str(8 * 1024 * 1024),
+        "--request-id-headers", "x-request-id",
+        "--log-level", "info",
+    ]  # fmt: skip
+    return args

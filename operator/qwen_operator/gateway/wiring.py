@@ -1,0 +1,47 @@
+"""Ports and paths that connect the gateway's processes: the pod's, or free loopback ones in tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Where Kubernetes clients (vllm-router's kube-rs) look for the in-cluster credentials.
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+#: Named container ports Prometheus scrapes (the PodMonitor lists them): log exporter, router, nginx.
+GATEWAY_METRICS_PORTS = ("metrics", "router-metrics", "nginx-metrics")
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """Ports and paths of the gateway's parts. Defaults are the pod's; tests pass free loopback ports,
+    temporary directories and static engine URLs (instead of Kubernetes discovery)."""
+
+    #: Address of every listener reached from outside the pod (client port, probes, metrics); empty
+    #: means all IPv4 addresses. The router itself always listens on loopback only.
+    bind_host: str = ""
+    http_port: int = 8080
+    status_port: int = 8081
+    router_host: str = "127.0.0.1"
+    router_port: int = 8090
+    router_metrics_port: int = 29000
+    syslog_port: int = 5531
+    log_metrics_port: int = 4040
+    nginx_metrics_port: int = 9113
+    config_dir: str = "/etc/qwen-gateway"
+    api_keys_dir: str = "/var/run/secrets/qwen-gateway/api-keys"
+    engine_key_file: str = "/var/run/secrets/qwen-gateway/engine-key/token"
+    state_dir: str = "/var/run/qwen-gateway"
+    temp_dir: str = "/tmp/nginx"
+    #: Engines to route to; empty means Kubernetes discovery of the engine pods (the in-cluster case).
+    worker_urls: tuple[str, ...] = ()
+
+    @property
+    def engine_key_dir(self) -> str:
+        return self.engine_key_file.rsplit("/", 1)[0]
+
+    @property
+    def engine_key_name(self) -> str:
+        return self.engine_key_file.rsplit("/", 1)[1]
+
+
+#: The wiring inside the gateway pod.
+POD = Wiring()

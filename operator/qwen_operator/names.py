@@ -1,0 +1,49 @@
+"""Names and labels of every child object, in one place."""
+
+from __future__ import annotations
+
+from .api.spec import QwenDeployment
+
+LABEL_PREFIX = "qwenops.dev"
+FIELD_MANAGER = "qwen-operator"
+MANAGED_BY = "qwen-operator"
+
+
+def engine(qd: QwenDeployment) -> str:
+    return f"{qd.metadata.name}-engine"
+
+
+def gateway(qd: QwenDeployment) -> str:
+    return f"{qd.metadata.name}-gateway"
+
+
+def client_service(qd: QwenDeployment) -> str:
+    """The Service clients call: the gateway, or the engines when the gateway is off."""
+    return qd.metadata.name
+
+
+def selector(qd: QwenDeployment, component: str) -> dict[str, str]:
+    """Labels that select one component's pods; immutable once a Deployment exists."""
+    return {
+        "app.kubernetes.io/instance": qd.metadata.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/name": "qwen",
+    }
+
+
+def labels(qd: QwenDeployment, component: str) -> dict[str, str]:
+    return {
+        **selector(qd, component),
+        "app.kubernetes.io/part-of": "qwen-operator",
+        **owner_labels(qd.metadata.name),
+    }
+
+
+def owner_labels(owner: str) -> dict[str, str]:
+    """Labels every child of the QwenDeployment `owner` carries, used to list children for pruning."""
+    return {"app.kubernetes.io/managed-by": MANAGED_BY, f"{LABEL_PREFIX}/deployment": owner}
+
+
+def endpoint(qd: QwenDeployment, port: int) -> str:
+    suffix = "" if port == 80 else f":{port}"
+    return f"http://{client_service(qd)}.{qd.metadata.namespace}.svc{suffix}/v1"

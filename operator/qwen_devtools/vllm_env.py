@@ -19,6 +19,16 @@ from .require import missing
 
 SCRIPT = REPO / "tools" / "vllm-env.sh"
 HOW_TO_GET = "run `make setup` (tools/vllm-env.sh)"
+#: Environment of short tools run with the venv's Python (parser checks, flag table): offline, quiet,
+#: one thread (2 cores are shared).
+TOOL_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "OMP_NUM_THREADS": "1",
+}
 
 
 def vllm_venv() -> Path:

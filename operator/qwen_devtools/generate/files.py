@@ -26,7 +26,7 @@ import yaml
 
 from qwen_devtools.helm import HOW_TO_GET_HELM, helm_path
 from qwen_devtools.repo import REPO
-from qwen_devtools.vllm_env import vllm_venv
+from qwen_devtools.vllm_env import TOOL_ENV, vllm_venv
 from qwen_operator.api.crd import crd
 from qwen_operator.api.spec import GROUP, KIND
 from qwen_operator.versions import KUBERNETES, VLLM, VLLM_ROUTER
@@ -43,15 +43,6 @@ CHART_CRD = CHART / "templates/crd-qwendeployments.yaml"
 ARGOCD_LUA = Path("gitops/argocd/health-qwendeployment.lua")
 VLLM_FLAGS = Path("operator/qwen_operator/api/vllm_flags.json")
 HOW_TO_GET_VLLM = "run `make setup`, or only the venv: `.venv/bin/python -m qwen_devtools.vllm_env`"
-#: What the vLLM CPU venv's Python runs with: offline, quiet, one thread (2 cores are shared).
-VLLM_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "VLLM_LOGGING_LEVEL": "WARNING",
-    "OMP_NUM_THREADS": "1",
-}
 
 
 class MissingPart(Exception):
@@ -87,7 +78,7 @@ def _run_in_vllm_venv(script: str, *args: str, timeout: float = 300) -> str:
     # -I: neither the checkout nor this package on sys.path, so nothing here shadows vLLM's imports
     command = [str(vllm_python()), "-I", str(HERE / script), *args]
     result = subprocess.run(
-        command, capture_output=True, text=True, timeout=timeout, env={**os.environ, **VLLM_ENV}
+        command, capture_output=True, text=True, timeout=timeout, env={**os.environ, **TOOL_ENV}
     )
     if result.returncode != 0:
         sys.exit(f"{' '.join(command)} failed:\n{result.stderr[-5000:]}")

@@ -26,7 +26,8 @@ from pathlib import Path
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 
-#: operator/qwen_devtools/generate/ is three levels below the repository root.
+#: Also run as a script by the vLLM venv's Python (`-I`, no package around it), hence no import of
+#: qwen_devtools.repo: operator/qwen_devtools/generate/ is three levels below the repository root.
 PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"
 #: Both images run python:3.11-slim on linux/amd64 (their Dockerfiles pin the base).
 MARKER_ENV = {"extra": "", "python_version": "3.11", "python_full_version": "3.11.0", "sys_platform": "linux",

@@ -87,7 +87,7 @@ def test_plan_table_output() -> None:
     assert lines["Fits"].strip() == "yes"
     assert lines["KV bytes per token"].strip() == "262,144"
     assert lines["KV tokens per replica"].strip() == "294,790"
-    assert "Engine: python3 -m vllm.entrypoints.openai.api_server --model Qwen/Qwen3-32B" in result.stdout
+    assert "Engine: vllm serve Qwen/Qwen3-32B --served-model-name" in result.stdout
 
 
 def test_plan_table_quotes_json_arguments() -> None:

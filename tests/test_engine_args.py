@@ -13,7 +13,7 @@ import pytest
 
 from qwen_operator.api.catalog import DEFAULT_ENGINE_IMAGE, VLLM_VERSION
 from qwen_operator.api.engine import (
-    ENGINE_MODULE,
+    ENGINE_COMMAND,
     OWNED_FLAGS,
     REFUSED_FLAGS,
     check_extra_args,
@@ -45,8 +45,8 @@ def value(args: list[str], flag: str) -> str:
 def test_a100_example_command_line_in_full() -> None:
     spec = parse(example("a100-80gb-tp2-bf16")).spec
     assert command_line(spec, make_plan(spec)) == [
-        "python3", "-m", "vllm.entrypoints.openai.api_server",
-        "--model", "Qwen/Qwen3-32B",
+        "vllm", "serve",
+        "Qwen/Qwen3-32B",
         "--served-model-name", "Qwen/Qwen3-32B",
         "--host", "0.0.0.0",
         "--port", "8000",
@@ -172,8 +172,8 @@ def test_every_rendered_flag_is_in_the_pinned_flag_table() -> None:
     known = vllm_flags()
     for path in EXAMPLES:
         r = review(load(path))
-        assert r.command[:3] == list(ENGINE_MODULE)
-        for arg in r.command[3:]:
+        assert r.command[:2] == list(ENGINE_COMMAND)
+        for arg in r.command[2:]:
             if arg.startswith("--"):
                 assert arg in known, f"{path.name}: {arg}"
 

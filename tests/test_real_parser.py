@@ -23,7 +23,13 @@ from qwen_devtools.generate.files import VLLM_FLAGS, vllm_flags_json
 from qwen_devtools.vllm_env import TOOL_ENV, vllm_python
 from qwen_operator import versions
 from qwen_operator.api.catalog import DEFAULT_ENGINE_IMAGE, NATIVE_CONTEXT, VLLM_VERSION
-from qwen_operator.api.engine import ENGINE_MODULE, OWNED_FLAGS, REFUSED_FLAGS, check_extra_args, command_line
+from qwen_operator.api.engine import (
+    ENGINE_COMMAND,
+    OWNED_FLAGS,
+    REFUSED_FLAGS,
+    check_extra_args,
+    command_line,
+)
 from qwen_operator.api.plan import make_plan
 from qwen_operator.api.review import review
 from qwen_operator.api.spec import parse
@@ -146,8 +152,8 @@ def _case(name: str, body: dict[str, Any], *, require_fit: bool = True) -> dict[
     plan = make_plan(spec)
     assert plan.fits == require_fit, (name, plan.errors)
     command = command_line(spec, plan)
-    assert command[:3] == list(ENGINE_MODULE)
-    return {"name": name, "argv": command[3:]}
+    assert command[:2] == list(ENGINE_COMMAND)
+    return {"name": name, "argv": command[2:]}
 
 
 def _cases() -> list[dict[str, Any]]:
@@ -175,9 +181,9 @@ def vllm_result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("vllm-checks")
     request = {
         "vllm": VLLM_VERSION,
-        "module": list(ENGINE_MODULE),
+        "command": list(ENGINE_COMMAND),
         "cases": _cases(),
-        "base_argv": ["--model", "Qwen/Qwen3-32B"],
+        "base_argv": ["Qwen/Qwen3-32B"],
         "extra_args": {"accept": EXTRA_ARGS_ACCEPT, "reject": EXTRA_ARGS_REJECT},
     }
     (work / "request.json").write_text(json.dumps(request))
@@ -192,10 +198,10 @@ def test_pinned_version_is_the_installed_one(vllm_result: dict[str, Any]) -> Non
     assert DEFAULT_ENGINE_IMAGE.endswith(f":v{vllm_result['vllm']}")
 
 
-def test_engine_module_exists(vllm_result: dict[str, Any]) -> None:
-    # `python3 -m vllm.entrypoints.openai.api_server` is deprecated in 0.32 (it forwards to
-    # vllm.entrypoints.launchers.api_server.entry.main, which uses the parser checked here) but works.
-    assert vllm_result["module"] == {"found": True, "entry_point": True}
+def test_engine_command_is_vllm_serve(vllm_result: dict[str, Any]) -> None:
+    """`vllm` is the package's console script and `serve` one of its subcommands: the command lines
+    above were parsed by that very subcommand's parser."""
+    assert vllm_result["command"] == {"console_script": "vllm.entrypoints.cli.main:main", "serve": True}
 
 
 def _expected(body: dict[str, Any]) -> dict[str, Any]:

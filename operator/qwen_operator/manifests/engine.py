@@ -7,7 +7,7 @@ from typing import Any
 
 from .. import names
 from ..api.catalog import DEFAULT_ENGINE_IMAGE
-from ..api.engine import ENGINE_MODULE, ENGINE_PORT, engine_args
+from ..api.engine import ENGINE_COMMAND, ENGINE_PORT, engine_args
 from ..api.pool import NodePool
 from ..api.review import Review
 from ..api.rollout import Rollout
@@ -75,7 +75,7 @@ def _container(review: Review) -> dict[str, Any]:
     return {
         "name": "vllm",
         "image": e.image or DEFAULT_ENGINE_IMAGE,
-        "command": list(ENGINE_MODULE),
+        "command": list(ENGINE_COMMAND),
         "args": engine_args(spec, review.plan),
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "env": _env(review),

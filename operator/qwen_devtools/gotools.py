@@ -44,9 +44,22 @@ def go_program(module: str, version: str, directory: str, binary: str) -> Path:
     return out
 
 
-def build_go_module(go: str, module: str, version: str, out: Path) -> None:
-    """`go build` the main package at the root of `module@version` into `out` (static, stripped)."""
-    print(f"[gotools] building {module}@{version} into {out}", flush=True)
+def build_go_module(
+    go: str,
+    module: str,
+    version: str,
+    out: Path,
+    *,
+    package: str = ".",
+    ldflags: str = "-s -w",
+    tags: str = "",
+) -> None:
+    """`go build` a main package of `module@version` into `out` (static, stripped).
+
+    ``package`` is relative to the module's root (its root by default, ``./cmd/x`` for a subcommand);
+    ``ldflags`` and ``tags`` go to ``go build`` as they are (a version stamp, build tags).
+    """
+    print(f"[gotools] building {module}@{version} {package} into {out}", flush=True)
     info = subprocess.run(
         [go, "mod", "download", "-json", f"{module}@{version}"], check=True, capture_output=True, text=True
     )
@@ -58,7 +71,7 @@ def build_go_module(go: str, module: str, version: str, out: Path) -> None:
             path.chmod(path.stat().st_mode | 0o200)
         out.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(
-            [go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out), "."],
+            [go, "build", "-trimpath", "-ldflags", ldflags, f"-tags={tags}", "-o", str(out), package],
             cwd=work,
             check=True,
             env={**os.environ, "CGO_ENABLED": "0"},

@@ -1,4 +1,5 @@
-"""The tiny random Qwen3 model the tests and the benchmark serve (no weights can be downloaded here).
+"""The tiny random Qwen3 model the tests and the benchmark serve (no weights can be downloaded here),
+and its Hugging Face cache layout, which engines in containers resolve Qwen/Qwen3-32B to.
 
 Built by the vLLM venv's Python, which has torch, transformers and tokenizers (the project venv has
 not): a random Qwen3ForCausalLM (head_dim 64: the CPU attention kernels refuse 16) with a byte-level
@@ -7,7 +8,9 @@ BPE tokenizer that knows ChatML and Qwen3's reasoning and tool-call tokens.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -76,3 +79,27 @@ def build_tiny_model(dest: Path, hidden_size: int = 128, num_layers: int = 2) ->
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
     )
     return dest
+
+
+def write_hf_cache(root: Path, model_dir: Path, name: str = "Qwen/Qwen3-32B") -> Path:
+    """Lay ``model_dir`` out as the Hugging Face cache entry of ``name`` under ``root``; returns the snapshot.
+
+    With ``HF_HOME=root`` and ``HF_HUB_OFFLINE=1``, vLLM (through huggingface_hub) resolves ``name`` to
+    ``root/hub/models--<org>--<name>/snapshots/<revision>/``, the revision read from ``refs/main``. The
+    files are copied, not linked to blobs, so that the tree works wherever it is mounted (a PV, a
+    container's volume). The revision is a hash of the files: the same model gives the same tree.
+    """
+    files = sorted(p for p in model_dir.rglob("*") if p.is_file())
+    digest = hashlib.sha1(usedforsecurity=False)
+    for path in files:
+        digest.update(str(path.relative_to(model_dir)).encode() + b"\0" + path.read_bytes())
+    revision = digest.hexdigest()
+    repo = root / "hub" / f"models--{name.replace('/', '--')}"
+    snapshot = repo / "snapshots" / revision
+    for path in files:
+        target = snapshot / path.relative_to(model_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    return snapshot

@@ -33,6 +33,9 @@ ENGINE_IMAGE = f"vllm/vllm-openai:v{VLLM}"
 GATEWAY_IMAGE = f"ghcr.io/qwenops/qwen-gateway:{VLLM_ROUTER}-nginx{NGINX}"
 LOG_EXPORTER_IMAGE = f"quay.io/martinhelmich/prometheus-nginxlog-exporter:{NGINXLOG_EXPORTER}"
 NGINX_EXPORTER_IMAGE = f"docker.io/nginx/nginx-prometheus-exporter:{NGINX_EXPORTER.removeprefix('v')}"
+#: The operator image the chart installs by default: values.yaml image.repository and Chart.yaml appVersion
+#: (tests/test_images.py checks that they agree).
+OPERATOR_IMAGE = "ghcr.io/qwenops/qwen-operator:0.1.0"
 
 # --- What the tests and the dev cluster run -----------------------------------------------------------
 #: Kubernetes of the dev cluster (control plane built from Go modules), and the schemas manifests are
@@ -47,6 +50,9 @@ CONTAINERD = "v2.4.2"
 COREDNS = "v1.15.0"
 #: Debian suite of the base image made here with debootstrap (the images' public bases are bookworm).
 DEBIAN_SUITE = "bookworm"
+#: The test-only vLLM CPU engine image built here (images/engine-cpu): spec.engine.image on the dev
+#: cluster's real node, which has no GPU.
+ENGINE_CPU_IMAGE = f"localhost/qwen-vllm-cpu:{VLLM}"
 
 
 def kubernetes_minor() -> str:

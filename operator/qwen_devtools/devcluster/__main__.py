@@ -1,7 +1,9 @@
 """Command line of the dev cluster: ``python -m qwen_devtools.devcluster <command> [--name NAME]``.
 
 Commands: ``build`` (binaries only), ``up``, ``down``, ``status`` (exit 1 unless up), ``kubeconfig``
-(print its path), ``env`` (print an ``export KUBECONFIG=...`` line).
+(print its path), ``env`` (print an ``export KUBECONFIG=...`` line). ``build --real-node`` and
+``up --real-node`` add this machine's real node (kubelet, containerd, kube-proxy, CoreDNS), where pods
+really run; one cluster per machine may have it.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import build, cluster, procs
+from . import build, cluster, containerd, network, nodebuild, procs, realnode
 
 DESCRIPTION = "A local Kubernetes control plane with simulated GPU node pools, for e2e tests and the demo."
 
@@ -17,7 +19,10 @@ DESCRIPTION = "A local Kubernetes control plane with simulated GPU node pools, f
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m qwen_devtools.devcluster", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("build", help="build and cache the pinned binaries (no-op when cached)")
+    build_command = commands.add_parser(
+        "build", help="build and cache the pinned binaries (no-op when cached)"
+    )
+    build_command.add_argument("--real-node", action="store_true", help="also the real node's parts")
     for command, text in (
         ("up", "start the cluster (idempotent) and create the simulated node pools"),
         ("down", "stop the cluster and remove its state (idempotent)"),
@@ -27,6 +32,12 @@ def _parser() -> argparse.ArgumentParser:
     ):
         sub = commands.add_parser(command, help=text)
         sub.add_argument("--name", default="dev", help="cluster name (default: dev)")
+        if command == "up":
+            sub.add_argument(
+                "--real-node",
+                action="store_true",
+                help="add this machine's real node (qwen-real-0), where pods run; one cluster per machine",
+            )
     return parser
 
 
@@ -36,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "build":
             print(build.build())
+            if args.real_node:
+                nodebuild.build()
         elif args.command == "up":
-            cluster.up(args.name)
+            cluster.up(args.name, real_node=args.real_node)
         elif args.command == "down":
             cluster.down(args.name)
         elif args.command == "status":
@@ -46,7 +59,14 @@ def main(argv: list[str] | None = None) -> int:
             print(cluster.repo_kubeconfig(args.name))
         else:
             print(f"export KUBECONFIG={cluster.repo_kubeconfig(args.name)}")
-    except (procs.ComponentError, build.BuildError, ValueError) as error:
+    except (
+        procs.ComponentError,
+        build.BuildError,
+        realnode.RealNodeError,
+        network.NetworkError,
+        containerd.CtrError,
+        ValueError,
+    ) as error:
         print(f"[devcluster] error: {error}", file=sys.stderr)
         return 1
     return 0

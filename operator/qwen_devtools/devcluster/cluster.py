@@ -1,4 +1,5 @@
-"""Bringing a named dev cluster up and down, reporting its status, and a handle for using it.
+"""Bringing a named dev cluster up and down (with or without this machine's real node), reporting its
+status, and a handle for using it.
 
 State lives in ``/dev/shm/qwen-devcluster-<name>/``: ``state.json`` (ports, pids, executables), ``pki/``,
 ``etcd/`` data, ``logs/<component>.log``, ``audit.log`` (JSON, metadata of every write) and
@@ -9,15 +10,13 @@ State lives in ``/dev/shm/qwen-devcluster-<name>/``: ``state.json`` (ports, pids
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from kubernetes import client, config
@@ -25,9 +24,9 @@ from kubernetes import client, config
 from ..net import free_ports
 from ..procs import clean_env, tail
 from ..repo import REPO
-from . import build, components, kubeconfig, nodes, pki, procs
+from . import build, components, kubeconfig, network, nodebuild, nodecomponents, nodes, pki, procs, realnode
+from .state import State, state_dir
 
-STATE_ROOT = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 NAME_PATTERN = re.compile(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?")
 START_TIMEOUT = {"kube-apiserver": 90.0}
 DEFAULT_START_TIMEOUT = 45.0
@@ -47,11 +46,6 @@ def _step(label: str) -> Iterator[None]:
     log(f"{label} ({time.monotonic() - started:.1f}s)")
 
 
-def state_dir(name: str) -> Path:
-    """Runtime directory of dev cluster ``name`` (on tmpfs where available)."""
-    return STATE_ROOT / f"qwen-devcluster-{name}"
-
-
 def repo_kubeconfig(name: str) -> Path:
     """Repository-relative copy of the kubeconfig of dev cluster ``name``."""
     return REPO / ".devcluster" / name / "kubeconfig"
@@ -63,41 +57,6 @@ def check_name(name: str) -> None:
         raise ValueError(
             f"invalid cluster name {name!r}: use 1-32 of [a-z0-9-], starting/ending alphanumeric"
         )
-
-
-@dataclass
-class State:
-    """What ``up`` recorded about a running cluster: enough for ``down`` and ``status``."""
-
-    name: str
-    ports: dict[str, int]
-    advertise_address: str
-    executables: dict[str, str]
-    pids: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def dir(self) -> Path:
-        return state_dir(self.name)
-
-    def save(self) -> None:
-        (self.dir / "state.json").write_text(json.dumps(asdict(self), indent=2) + "\n")
-
-    @classmethod
-    def load(cls, name: str) -> State | None:
-        try:
-            return cls(**json.loads((state_dir(name) / "state.json").read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-
-    def layout(self) -> components.Layout:
-        return components.Layout(self.dir, self.ports, pki.load(self.dir / "pki"), self.advertise_address)
-
-    def log_file(self, component: str) -> Path:
-        return self.dir / "logs" / f"{component}.log"
-
-    def running(self, component: str) -> bool:
-        pid = self.pids.get(component)
-        return pid is not None and procs.running(pid, self.executables[component])
 
 
 class KubectlError(subprocess.CalledProcessError):
@@ -138,8 +97,9 @@ class Cluster:
 
 
 def healthy(state: State) -> bool:
-    """All components run and the apiserver is ready."""
-    if not all(state.running(component) for component in components.ORDER):
+    """All components (those of the real node included) run and the apiserver is ready."""
+    names = components.ORDER + (realnode.COMPONENTS if state.real_node else ())
+    if not all(state.running(component) for component in names):
         return False
     return components.probe("kube-apiserver", state.layout()).ok()
 
@@ -150,23 +110,49 @@ def is_up(name: str) -> bool:
     return state is not None and healthy(state)
 
 
-def up(name: str = "dev") -> Cluster:
-    """Start dev cluster ``name`` (building binaries if needed), or report it if it already runs."""
+def up(name: str = "dev", real_node: bool = False) -> Cluster:
+    """Start dev cluster ``name`` (building binaries if needed), or report it if it already runs.
+
+    ``real_node`` adds this machine's real node (see realnode.py), where pods really run; before
+    anything is touched it raises realnode.RealNodeBusy while another cluster holds it, and
+    realnode.RealNodeError when this machine cannot run it.
+    """
     check_name(name)
     existing = State.load(name)
     if existing and healthy(existing):
+        if real_node and not existing.real_node:
+            raise ValueError(
+                f"cluster {name!r} is up without a real node; stop it first (down --name {name})"
+            )
         log(f"cluster {name!r} is already up")
         return _report(existing)
+    if real_node:
+        realnode.preflight()
+    lock_fd, previous = realnode.acquire(name) if real_node else (None, None)
+    try:
+        return _start_cluster(name, lock_fd, previous)
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)  # the keeper holds the lock from here on (or nobody, after a failure)
+
+
+def _start_cluster(name: str, lock_fd: int | None, previous: str | None) -> Cluster:
     if _leftovers(name):
         log(f"cluster {name!r} has stale state; removing it first")
         down(name)
     started = time.monotonic()
     with _step("binaries ready"):
         build.build()
+        if lock_fd is not None:
+            nodebuild.build()
     try:
-        state = _prepare(name)
+        if lock_fd is not None:
+            _prepare_real_node_network(name, previous)
+        state = _prepare(name, real_node=lock_fd is not None)
         _start_components(state)
         _create_nodes(state)
+        if lock_fd is not None:
+            _start_real_node(state, lock_fd)
     except BaseException as error:
         _fail(name, error)
         raise
@@ -174,18 +160,27 @@ def up(name: str = "dev") -> Cluster:
     return _report(state)
 
 
-def _prepare(name: str) -> State:
+def _prepare_real_node_network(name: str, previous: str | None) -> None:
+    """Clean what a killed run left, then create the bridge: the apiserver binds to its address."""
+    with _step("real node's bridge and nft table ready"):
+        realnode.clean_leftovers(State.load(previous) if previous and previous != name else None)
+        network.create()
+
+
+def _prepare(name: str, real_node: bool) -> State:
     """Create the state directory, PKI and kubeconfigs; choose ports."""
     with _step("PKI and kubeconfig generated"):
         directory = state_dir(name)
         directory.mkdir(parents=True, mode=0o700)
-        ports = dict(zip(components.PORT_NAMES, free_ports(len(components.PORT_NAMES)), strict=True))
-        address = components.advertise_address()
+        names = components.PORT_NAMES + (nodecomponents.PORT_NAMES if real_node else ())
+        ports = dict(zip(names, free_ports(len(names)), strict=True))
+        address = network.BRIDGE_ADDRESS if real_node else components.advertise_address()
+        bind = network.BRIDGE_ADDRESS if real_node else "127.0.0.1"
         executables = {c: os.path.realpath(build.binary(c)) for c in components.ORDER}
-        state = State(name, ports, address, executables)
+        state = State(name, ports, address, executables, bind_address=bind, real_node=real_node)
         state.save()
-        keys = pki.generate(directory / "pki", [address])
-        server = f"https://127.0.0.1:{ports['kube-apiserver']}"
+        keys = pki.generate(directory / "pki", [address], kubelet_client=real_node)
+        server = f"https://{bind}:{ports['kube-apiserver']}"
         ca_pem = (directory / "pki" / "ca.crt").read_bytes()
         for path in (directory / "kubeconfig", repo_kubeconfig(name)):
             kubeconfig.write(path, name, server, ca_pem, keys.admin_token)
@@ -221,9 +216,14 @@ def _create_nodes(state: State) -> None:
     with _step("simulated nodes Ready"), Cluster(state.dir / "kubeconfig").api_client() as api_client:
         core = client.CoreV1Api(api_client)
         try:
-            nodes.wait_ready(core, nodes.create_all(core), NODES_TIMEOUT)
+            nodes.wait_ready(core, nodes.create_all(core, beside_real_node=state.real_node), NODES_TIMEOUT)
         except TimeoutError as error:
             raise procs.ComponentError("kwok", str(error), state.log_file("kwok")) from error
+
+
+def _start_real_node(state: State, lock_fd: int) -> None:
+    with _step("real node Ready"), Cluster(state.dir / "kubeconfig").api_client() as api_client:
+        realnode.start(state, lock_fd, client.CoreV1Api(api_client))
 
 
 def _fail(name: str, error: BaseException) -> None:
@@ -238,23 +238,43 @@ def _fail(name: str, error: BaseException) -> None:
 def _report(state: State) -> Cluster:
     handle = Cluster(repo_kubeconfig(state.name), state.name)
     with handle.api_client() as api_client:
-        table = nodes.gpu_table(client.CoreV1Api(api_client))
+        core = client.CoreV1Api(api_client)
+        real = realnode.node_row(core) if state.real_node else None
+        table = nodes.gpu_table(core, [real] if real else [])
     print(
         f"\nkubeconfig: {handle.kubeconfig}\nexport KUBECONFIG={handle.kubeconfig}\n\n{table}\n", flush=True
     )
     return handle
 
 
+@contextlib.contextmanager
+def _core_if_ready(state: State) -> Iterator[client.CoreV1Api | None]:
+    """A client of the cluster while its apiserver answers, else None (a teardown goes on without it)."""
+    if not (state.running("kube-apiserver") and components.probe("kube-apiserver", state.layout()).ok()):
+        yield None
+        return
+    with Cluster(state.dir / "kubeconfig").api_client() as api_client:
+        yield client.CoreV1Api(api_client)
+
+
 def down(name: str = "dev", timeout: float = 10.0) -> None:
-    """Stop the recorded processes of cluster ``name`` and remove its state; a no-op if nothing is there."""
+    """Stop the recorded processes of cluster ``name`` and remove its state; a no-op if nothing is there.
+
+    A real node goes first (its pods and Node through the API), its bridge and lock last.
+    """
     check_name(name)
     state = State.load(name)
     if state is None and not _leftovers(name):
         log(f"cluster {name!r} is not running")
         return
     with _step(f"cluster {name!r} is down"):
+        if state and state.real_node:
+            with _step("real node stopped"), _core_if_ready(state) as core:
+                realnode.stop(state, core, timeout)
         if state:
             _stop_components(state, timeout)
+        if state and state.real_node:
+            realnode.release(state, timeout)
         for path in _leftovers(name):
             shutil.rmtree(path, ignore_errors=True)
 
@@ -281,7 +301,11 @@ def status(name: str = "dev") -> bool:
     running = {component: state.running(component) for component in components.ORDER}
     for component, is_running in running.items():
         log(f"{component:<24} {'running' if is_running else 'STOPPED'} (pid {state.pids.get(component)})")
-    url = f"https://127.0.0.1:{state.ports['kube-apiserver']}/readyz"
+    url = f"{state.layout().api_server}/readyz"
     ready = components.probe("kube-apiserver", state.layout()).ok()
     log(f"apiserver {url}: {'ok' if ready else 'NOT READY'}")
-    return ready and all(running.values())
+    up = ready and all(running.values())
+    if state.real_node:
+        with _core_if_ready(state) as core:
+            up = realnode.status(state, core) and up
+    return up

@@ -1,8 +1,12 @@
-"""Command lines and health probes of the control plane components, all bound to 127.0.0.1.
+"""Command lines and health probes of the control plane components, all bound to 127.0.0.1, except the
+apiserver of a cluster with a real node: it binds to the node's bridge address, so pods reach it.
 
 The flags follow what envtest and kwokctl use: etcd on tmpfs without fsync; an RBAC apiserver with a
 static admin token, service account keys, the front-proxy flags an aggregated API needs and a JSON
 audit log of all writes; KCM and scheduler without leader election; kwok managing the fake nodes.
+With a real node the apiserver also keeps the ``kubernetes`` Service's endpoints (lease reconciler),
+reaches kubelet by its InternalIP with a client certificate, and kwok's fake pod addresses move out of
+the real pods' subnet.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", 
 PORT_NAMES = ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"
+#: kwok's fake pod addresses beside a real node: apart from the real pods' 10.244.0.0/24.
+SIMULATED_POD_CIDR_BESIDE_REAL_NODE = "10.244.128.0/17"
 HPA_SYNC_PERIOD = "5s"
 STAGES_FILE = Path(__file__).resolve().with_name("stages.yaml")
 AUDIT_POLICY_FILE = Path(__file__).resolve().with_name("audit-policy.yaml")
@@ -31,12 +37,14 @@ _SIOCGIFADDR = 0x8915
 
 @dataclass(frozen=True)
 class Layout:
-    """Everything a command line needs: state directory, ports, PKI and the advertised address."""
+    """Everything a command line needs: state directory, ports, PKI, the advertised and bound addresses."""
 
     dir: Path
     ports: dict[str, int]
     pki: Pki
     advertise_address: str
+    bind_address: str = "127.0.0.1"
+    real_node: bool = False
 
     @property
     def kubeconfig(self) -> str:
@@ -48,6 +56,11 @@ class Layout:
 
     def local(self, component: str) -> str:
         return f"127.0.0.1:{self.ports[component]}"
+
+    @property
+    def api_server(self) -> str:
+        """The apiserver's URL, as every kubeconfig of the cluster names it."""
+        return f"https://{self.bind_address}:{self.ports['kube-apiserver']}"
 
 
 def _interface_ipv4(sock: socket.socket, interface: str) -> str | None:
@@ -104,15 +117,25 @@ def _etcd(layout: Layout) -> list[str]:
     ]
 
 
+def _real_node_flags(pki: Pki) -> list[str]:
+    return [
+        "--endpoint-reconciler-type=lease",
+        # the node's hostname resolves nowhere
+        "--kubelet-preferred-address-types=InternalIP",
+        f"--kubelet-client-certificate={pki.path('apiserver-kubelet-client.crt')}",
+        f"--kubelet-client-key={pki.path('apiserver-kubelet-client.key')}",
+    ]
+
+
 def _apiserver(layout: Layout) -> list[str]:
     pki = layout.pki
     return [
         str(build.binary("kube-apiserver")),
         f"--etcd-servers=http://{layout.local('etcd')}",
-        "--bind-address=127.0.0.1",
+        f"--bind-address={layout.bind_address}",
         f"--secure-port={layout.ports['kube-apiserver']}",
         f"--advertise-address={layout.advertise_address}",
-        "--endpoint-reconciler-type=none",
+        *(_real_node_flags(pki) if layout.real_node else ["--endpoint-reconciler-type=none"]),
         f"--tls-cert-file={pki.path('apiserver.crt')}",
         f"--tls-private-key-file={pki.path('apiserver.key')}",
         f"--client-ca-file={pki.path('ca.crt')}",
@@ -178,7 +201,7 @@ def _kwok(layout: Layout) -> list[str]:
         "--node-ip=127.0.0.1",
         f"--node-port={layout.ports['kwok']}",
         f"--server-address={layout.local('kwok')}",
-        f"--cidr={POD_CIDR}",
+        f"--cidr={SIMULATED_POD_CIDR_BESIDE_REAL_NODE if layout.real_node else POD_CIDR}",
         "--node-lease-duration-seconds=40",
     ]
 
@@ -203,7 +226,7 @@ def probe(component: str, layout: Layout) -> Probe:
     if component == "etcd":
         return Probe(f"http://{layout.local('etcd')}/health")
     if component == "kube-apiserver":
-        return Probe(f"https://{layout.local(component)}/readyz", ca, layout.pki.admin_token)
+        return Probe(f"{layout.api_server}/readyz", ca, layout.pki.admin_token)
     if component == "kwok":
         return Probe(f"http://{layout.local('kwok')}/healthz")
     return Probe(f"https://{layout.local(component)}/healthz", ca)

@@ -1,7 +1,8 @@
 """Writing the dev cluster's kubeconfig, and checking that a given kubeconfig points at a local test cluster.
 
 The context of a dev cluster is named ``qwen-devcluster-<name>``, so that tools and tests can tell it
-apart from a real cluster.
+apart from a real cluster. Its server is on 127.0.0.1, or, with a real node, on the node's bridge
+address (the apiserver binds there so that pods reach it): nothing else counts as local.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 import yaml
+
+from .network import BRIDGE_ADDRESS
 
 CONTEXT_PREFIX = "qwen-devcluster-"
 LOCAL_CONTEXT_PREFIXES = (CONTEXT_PREFIX, "kind-", "k3d-")
@@ -61,9 +64,9 @@ def _current(config: dict[str, Any]) -> tuple[str, str]:
     return context, (cluster.get("cluster") or {}).get("server", "")
 
 
-def _is_loopback(server: str) -> bool:
+def _is_local(server: str) -> bool:
     host = urlparse(server).hostname or ""
-    if host == "localhost":
+    if host in ("localhost", BRIDGE_ADDRESS):
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -75,7 +78,7 @@ def check_local(path: Path) -> str:
     """Return the current context of ``path`` if it is a local test cluster, else raise ValueError.
 
     Accepted: a context named ``qwen-devcluster-*``, ``kind-*``, ``k3d-*``, ``minikube`` or
-    ``docker-desktop`` whose server is on 127.0.0.1/localhost.
+    ``docker-desktop`` whose server is on 127.0.0.1/localhost or the dev cluster's bridge address.
     """
     config = yaml.safe_load(path.read_text()) or {}
     context, server = _current(config)
@@ -85,6 +88,9 @@ def check_local(path: Path) -> str:
             f"{path}: current context {context!r} is not a local test cluster "
             f"(expected {CONTEXT_PREFIX}*, kind-*, k3d-*, minikube or docker-desktop)"
         )
-    if not _is_loopback(server):
-        raise ValueError(f"{path}: context {context!r} has server {server!r}, not on 127.0.0.1/localhost")
+    if not _is_local(server):
+        raise ValueError(
+            f"{path}: context {context!r} has server {server!r}, not on 127.0.0.1/localhost"
+            f" or the dev cluster's bridge address {BRIDGE_ADDRESS}"
+        )
     return context

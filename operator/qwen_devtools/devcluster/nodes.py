@@ -2,11 +2,15 @@
 
 The nodes are ordinary Node objects annotated ``kwok.x-k8s.io/node: fake``; kwok keeps them Ready and
 plays the pod lifecycle on them, and the real scheduler places pods using their capacity, labels and
-taints. GPU nodes carry the usual ``nvidia.com/gpu=present:NoSchedule`` taint; the CPU node has none.
+taints. GPU nodes carry the usual ``nvidia.com/gpu=present:NoSchedule`` taint; the CPU node has none,
+except beside a real node (``up --real-node``): then it carries ``qwenops.dev/simulated=true:NoSchedule``,
+so that pods without tolerations (the operator, the gateway) can only land on the real node, where
+they actually run, while pods that tolerate it (or the GPU taint) may still use the simulated pools.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +21,7 @@ from ..wait import Timeout, wait_until
 POOL_LABEL = "qwenops.dev/pool"
 KWOK_ANNOTATION = {"kwok.x-k8s.io/node": "fake"}
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+SIMULATED_TAINT = {"key": "qwenops.dev/simulated", "value": "true", "effect": "NoSchedule"}
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
 
@@ -64,8 +69,11 @@ def _labels(pool: Pool, node: str) -> dict[str, str]:
     return labels
 
 
-def node_body(pool: Pool, index: int) -> dict[str, Any]:
-    """The Node object (with status, which creation keeps) for node ``index`` of ``pool``."""
+def node_body(pool: Pool, index: int, beside_real_node: bool = False) -> dict[str, Any]:
+    """The Node object (with status, which creation keeps) for node ``index`` of ``pool``.
+
+    ``beside_real_node`` taints the CPU node too (see the module docstring).
+    """
     name = f"{pool.name}-{index}"
     resources = {"cpu": pool.cpu, "memory": pool.memory, "pods": "110", "ephemeral-storage": "2Ti"}
     if pool.gpus:
@@ -74,17 +82,23 @@ def node_body(pool: Pool, index: int) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": _labels(pool, name), "annotations": KWOK_ANNOTATION},
-        "spec": {"providerID": f"kwok://{name}", "taints": [GPU_TAINT] if pool.gpus else []},
+        "spec": {"providerID": f"kwok://{name}", "taints": _taints(pool, beside_real_node)},
         "status": {"capacity": resources, "allocatable": resources},
     }
 
 
-def create_all(api: client.CoreV1Api) -> list[str]:
+def _taints(pool: Pool, beside_real_node: bool) -> list[dict[str, str]]:
+    if pool.gpus:
+        return [GPU_TAINT]
+    return [SIMULATED_TAINT] if beside_real_node else []
+
+
+def create_all(api: client.CoreV1Api, beside_real_node: bool = False) -> list[str]:
     """Create every node of every pool (existing ones are left alone); returns the node names."""
     names = []
     for pool in POOLS:
         for index in range(pool.count):
-            body = node_body(pool, index)
+            body = node_body(pool, index, beside_real_node)
             try:
                 api.create_node(body)  # type: ignore[arg-type]  # the client accepts plain dicts
             except client.ApiException as error:
@@ -125,9 +139,10 @@ def wait_ready(api: client.CoreV1Api, names: list[str], timeout: float) -> None:
         raise TimeoutError(f"nodes not Ready after {timeout:.0f}s: {', '.join(sorted(pending))}") from None
 
 
-def gpu_table(api: client.CoreV1Api) -> str:
-    """A ``kubectl get nodes``-like table of the simulated nodes: name, pool, product, GPUs, status."""
-    rows = [("NAME", "POOL", "GPU PRODUCT", "GPUS", "READY")]
+def gpu_table(api: client.CoreV1Api, extra: Sequence[tuple[str, str, str, str, str]] = ()) -> str:
+    """A ``kubectl get nodes``-like table of the simulated nodes: name, pool, product, GPUs, status;
+    ``extra`` rows (the real node) come first."""
+    rows = [("NAME", "POOL", "GPU PRODUCT", "GPUS", "READY"), *extra]
     for node in list_simulated(api):
         labels = node["metadata"].get("labels") or {}
         gpus = node.get("status", {}).get("capacity", {}).get("nvidia.com/gpu", "0")

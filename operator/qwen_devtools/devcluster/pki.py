@@ -6,6 +6,8 @@ Files written into the given directory:
 * ``apiserver.crt``/``apiserver.key``: serving certificate for 127.0.0.1, localhost and the in-cluster names.
 * ``front-proxy-ca.crt``, ``front-proxy-client.crt``/``.key``: lets the aggregator authenticate to an
   aggregated API server (e.g. a custom metrics API) through the request-header flags.
+* ``apiserver-kubelet-client.crt``/``.key`` (with a real node only): the apiserver's client certificate
+  for kubelet (logs, exec, port-forward), in ``system:masters`` so kubelet's webhook authorizer admits it.
 * ``sa.key``/``sa.pub``: service account token signing key pair.
 * ``tokens.csv``: static bearer token of the ``admin`` user in ``system:masters``.
 """
@@ -32,6 +34,7 @@ API_DNS_NAMES = (
     "kubernetes.default.svc.cluster.local",
 )
 FRONT_PROXY_CLIENT_CN = "front-proxy-client"
+KUBELET_CLIENT_CN = "kube-apiserver-kubelet-client"
 _VALIDITY = datetime.timedelta(days=30)
 
 
@@ -47,8 +50,9 @@ class Pki:
         return str(self.dir / name)
 
 
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+def _name(cn: str, organization: str | None = None) -> x509.Name:
+    attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization)] if organization else []
+    return x509.Name([*attributes, x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
@@ -101,10 +105,11 @@ def _make_leaf(
     ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey],
     usage: x509.ObjectIdentifier,
     sans: list[x509.GeneralName] | None = None,
+    organization: str | None = None,
 ) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     builder = (
-        _builder(_name(cn), ca[0].subject, key)
+        _builder(_name(cn, organization), ca[0].subject, key)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
     )
@@ -129,8 +134,11 @@ def _make_sa_keys(directory: Path) -> None:
     (directory / "sa.pub").write_bytes(pub)
 
 
-def generate(directory: Path, extra_ips: list[str]) -> Pki:
-    """Create every PKI file in ``directory``; ``extra_ips`` are added to the serving certificate."""
+def generate(directory: Path, extra_ips: list[str], kubelet_client: bool = False) -> Pki:
+    """Create every PKI file in ``directory``; ``extra_ips`` are added to the serving certificate.
+
+    ``kubelet_client`` adds the apiserver's client certificate for a real kubelet.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     ca = _make_ca(directory, "ca")
     _make_leaf(
@@ -141,6 +149,15 @@ def generate(directory: Path, extra_ips: list[str]) -> Pki:
         ExtendedKeyUsageOID.SERVER_AUTH,
         _serving_sans(extra_ips),
     )
+    if kubelet_client:
+        _make_leaf(
+            directory,
+            "apiserver-kubelet-client",
+            KUBELET_CLIENT_CN,
+            ca,
+            ExtendedKeyUsageOID.CLIENT_AUTH,
+            organization="system:masters",
+        )
     front_proxy_ca = _make_ca(directory, "front-proxy-ca")
     _make_leaf(
         directory,

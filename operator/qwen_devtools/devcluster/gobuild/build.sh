@@ -8,12 +8,10 @@ OUT=$1 K8S=$2 KWOK=$3 HELM=$4
 HERE=$(cd "$(dirname "$0")" && pwd)
 if [[ -f "$OUT/MANIFEST" ]]; then exit 0; fi
 mkdir -p "$OUT.tmp"
-MAJ=${K8S#v}; MAJ=${MAJ%%.*}; MIN=${K8S#v*.}; MIN=${MIN%%.*}
-V=k8s.io/component-base/version C=k8s.io/client-go/pkg/version
-LDF="-s -w -X $V.gitVersion=$K8S -X $V.gitMajor=$MAJ -X $V.gitMinor=$MIN -X $V.gitTreeState=clean
- -X $C.gitVersion=$K8S -X $C.gitMajor=$MAJ -X $C.gitMinor=$MIN -X $C.gitTreeState=clean"
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
+LDF=$(k8s_ldflags "$K8S")
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
-step() { printf '[devcluster build] %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
 cd "$HERE"
 step "downloading Go modules for Kubernetes $K8S"
 go mod download

@@ -1,6 +1,7 @@
 //go:build tools
 
-// Package tools pins the main packages of the local control plane so `go mod tidy` keeps them.
+// Package tools pins the main packages of the local control plane and of the real node (kubelet,
+// kube-proxy) so `go mod tidy` keeps them.
 package tools
 
 import (
@@ -9,4 +10,6 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )

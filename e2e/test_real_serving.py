@@ -1,0 +1,299 @@
+"""A QwenDeployment really served on the dev cluster's real node, end to end, with nothing simulated:
+
+the chart's operator pod (from its image built here, under its RBAC) reconciles the dev QwenDeployment
+(examples/dev/cpu-real-node.yaml); the engine is the CPU build of vLLM in its image, TP 2, reading the
+tiny model from a model cache PVC; the gateway pod (nginx + vllm-router, restricted Pod Security) finds
+the engine pods through the API with its own ServiceAccount and routes to them. Every answer is checked
+to come from a pod on the real node, and the engine's own metrics count it.
+
+Tests run in file order on one served deployment: serve, roll with traffic, scale out, then the cases
+that need a deployment of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from qwen_devtools import serving
+from qwen_devtools.devcluster import cluster as devcluster
+from qwen_devtools.devcluster.nodecomponents import NODE_NAME
+from qwen_devtools.net import http_get
+from qwen_devtools.wait import wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.real_node, pytest.mark.engine]
+
+NAMESPACE = "e2e-serving"
+NAME = "chat-dev"
+ENGINE_SELECTOR = f"app.kubernetes.io/instance={NAME},app.kubernetes.io/component=engine"
+GATEWAY_SELECTOR = f"app.kubernetes.io/instance={NAME},app.kubernetes.io/component=gateway"
+OPERATOR_USER = f"system:serviceaccount:{serving.OPERATOR_NAMESPACE}:{serving.RELEASE}"
+
+
+@dataclass
+class Served:
+    cluster: devcluster.Cluster
+    key: str
+    url: str
+    #: Ready condition seen while the engine pod existed but was not ready yet (None: never seen).
+    ready_before_engine: dict[str, Any] | None = None
+    seconds_to_ready: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def kubectl_json(self, *args: str) -> Any:
+        return serving.get_json(self.cluster, *args)
+
+    def pods(self, selector: str) -> list[dict[str, Any]]:
+        items = self.kubectl_json("-n", NAMESPACE, "get", "pods", "-l", selector)["items"]
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def qwd(self, name: str = NAME) -> dict[str, Any]:
+        return dict(self.kubectl_json("-n", NAMESPACE, "get", "qwd", name))
+
+    def patch(self, spec: dict[str, Any], name: str = NAME) -> None:
+        self.cluster.kubectl(
+            "-n", NAMESPACE, "patch", "qwd", name, "--type=merge", "-p", json.dumps({"spec": spec})
+        )
+
+
+@pytest.fixture(scope="module")
+def served(real_cluster: devcluster.Cluster) -> Iterator[Served]:
+    assert real_cluster.name
+    serving.load_images(real_cluster.name)
+    serving.install_operator(real_cluster)
+    serving.prepare_namespace(real_cluster, NAMESPACE)
+    body = serving.dev_qwendeployment(namespace=NAMESPACE)
+    serving.model_cache(real_cluster, NAMESPACE, body["spec"]["model"]["cache"]["claimName"])
+    key = serving.api_key_secret(real_cluster, NAMESPACE, body["spec"]["gateway"]["apiKeysSecret"])
+    started = time.monotonic()
+    serving.apply(real_cluster, body)
+    stack = Served(real_cluster, key, "")
+    stack.ready_before_engine = _ready_while_engine_starts(stack)
+    serving.wait_serving(real_cluster, NAMESPACE, NAME)
+    stack.seconds_to_ready = time.monotonic() - started
+    stack.url = serving.service_url(real_cluster, NAMESPACE, NAME)
+    yield stack
+    real_cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+    serving.uninstall_operator(real_cluster)
+
+
+def _ready_while_engine_starts(stack: Served) -> dict[str, Any] | None:
+    """The Ready condition once the engine container runs but has not passed readiness yet."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        for pod in stack.pods(ENGINE_SELECTOR):
+            statuses = pod.get("status", {}).get("containerStatuses", [])
+            if statuses and "running" in statuses[0]["state"] and not statuses[0]["ready"]:
+                time.sleep(5)  # the operator reconciles on the pod's events; give it one
+                conditions = stack.qwd().get("status", {}).get("conditions", [])
+                return next((c for c in conditions if c["type"] == "Ready"), None)
+        time.sleep(1)
+    return None
+
+
+def _engine_requests(pod: dict[str, Any]) -> float:
+    """vllm:request_success_total of one engine, read from its own /metrics on the pod IP."""
+    status, text = http_get(f"http://{pod['status']['podIP']}:8000/metrics", timeout=5)
+    assert status == 200, text[:300]
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:request_success_total{")
+    )
+
+
+def _chat_ok(stack: Served, prompt: str = "Say hello.") -> str:
+    status, body = serving.chat(stack.url, stack.key, prompt)
+    assert status == 200, body
+    return str(body["choices"][0]["message"].get("content") or body["choices"][0]["message"])
+
+
+# --- the served deployment ---------------------------------------------------------------------------
+
+
+def test_chat_completion_through_the_gateway_is_answered_on_the_real_node(served: Served) -> None:
+    (engine,) = served.pods(ENGINE_SELECTOR)
+    (gateway,) = served.pods(GATEWAY_SELECTOR)
+    assert engine["spec"]["nodeName"] == NODE_NAME and gateway["spec"]["nodeName"] == NODE_NAME
+    before = _engine_requests(engine)
+    answer = _chat_ok(served)
+    assert answer
+    assert _engine_requests(engine) == before + 1  # this engine, no other, answered
+    status, body = serving.chat(served.url, "sk-not-a-key", "hi")
+    assert status == 401, body
+
+
+def test_ready_only_once_an_engine_passes_readiness(served: Served) -> None:
+    assert served.ready_before_engine is not None, "never saw the engine running but not ready"
+    assert served.ready_before_engine["status"] == "False"
+    assert served.ready_before_engine["reason"] in ("NoReadyReplicas", "GatewayNotReady")
+    status = served.qwd()["status"]
+    assert status["readyReplicas"] == 1 and status["replicasSummary"] == "1/1"
+
+
+def test_slow_starting_engine_is_not_killed(served: Served) -> None:
+    """The engine takes longer to start than its readiness and liveness probes allow: the startup
+    probe's budget (sized from the weights) holds them off, and the container never restarted."""
+    (engine,) = served.pods(ENGINE_SELECTOR)
+    container = engine["spec"]["containers"][0]
+    status = engine["status"]["containerStatuses"][0]
+    assert status["restartCount"] == 0
+    started = _time(status["state"]["running"]["startedAt"])
+    ready = _time(
+        next(c for c in engine["status"]["conditions"] if c["type"] == "Ready")["lastTransitionTime"]
+    )
+    readiness = container["readinessProbe"]
+    startup = container["startupProbe"]
+    assert ready - started > readiness["periodSeconds"] * readiness["failureThreshold"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
+
+
+def _time(stamp: str) -> float:
+    return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def test_operator_runs_as_a_pod_under_the_charts_rbac(served: Served) -> None:
+    pods = served.kubectl_json("-n", serving.OPERATOR_NAMESPACE, "get", "pods")["items"]
+    (operator,) = [
+        p for p in pods if p["metadata"]["labels"].get("app.kubernetes.io/name") == "qwen-operator"
+    ]
+    assert operator["spec"]["nodeName"] == NODE_NAME
+    assert operator["status"]["phase"] == "Running"
+    assert operator["spec"]["serviceAccountName"] == serving.RELEASE
+    lines = (served.cluster.kubeconfig.parent / "audit.log").read_text().splitlines()
+    audit = [json.loads(line) for line in lines if line.strip()]
+    status_writes = [
+        e
+        for e in audit
+        if e.get("user", {}).get("username") == OPERATOR_USER
+        and e.get("objectRef", {}).get("subresource") == "status"
+        and e.get("objectRef", {}).get("name") == NAME
+    ]
+    assert status_writes, "the operator pod's ServiceAccount never wrote the status"
+
+
+def test_router_discovers_engines_with_its_own_service_account(served: Served) -> None:
+    (gateway,) = served.pods(GATEWAY_SELECTOR)
+    log = served.cluster.kubectl("-n", NAMESPACE, "logs", gateway["metadata"]["name"], "-c", "router").stdout
+    (engine,) = served.pods(ENGINE_SELECTOR)
+    assert engine["status"]["podIP"] in log, log[-2000:]
+    can_i = served.cluster.kubectl(
+        "auth", "can-i", "list", "pods", "-n", NAMESPACE,
+        f"--as=system:serviceaccount:{NAMESPACE}:{NAME}-gateway", check=False,
+    )  # fmt: skip
+    assert can_i.stdout.strip() == "yes"
+    cannot = served.cluster.kubectl(
+        "auth", "can-i", "get", "secrets", "-n", NAMESPACE,
+        f"--as=system:serviceaccount:{NAMESPACE}:{NAME}-gateway", check=False,
+    )  # fmt: skip
+    assert cannot.stdout.strip() == "no"
+
+
+def test_max_model_len_edit_rolls_engines_with_zero_failed_requests(served: Served) -> None:
+    (old,) = served.pods(ENGINE_SELECTOR)
+    results: list[int] = []
+    stop = threading.Event()
+
+    def traffic() -> None:
+        while not stop.is_set():
+            status, _ = serving.chat(served.url, served.key, "Count to three.", max_tokens=4, timeout=120)
+            results.append(status)
+            time.sleep(0.2)
+
+    client = threading.Thread(target=traffic, daemon=True)
+    client.start()
+    try:
+        served.patch({"engine": {"maxModelLen": 512}})
+
+        def rolled() -> bool:
+            pods = served.pods(ENGINE_SELECTOR)
+            gone = all(p["metadata"]["uid"] != old["metadata"]["uid"] for p in pods)
+            ready = [p for p in pods if all(s["ready"] for s in p["status"].get("containerStatuses", []))]
+            return (
+                gone
+                and len(ready) == 1
+                and "--max-model-len" in _args(ready[0])
+                and _value(ready[0], "--max-model-len") == "512"
+            )
+
+        wait_until(rolled, 600, "the engine rolled to maxModelLen 512", interval=3)
+        time.sleep(5)
+    finally:
+        stop.set()
+        client.join(timeout=150)
+    assert results, "no request was sent during the rollout"
+    failed = [s for s in results if s != 200]
+    assert failed == [], f"{len(failed)} of {len(results)} requests failed during the rollout: {failed}"
+    assert served.qwd()["status"]["rolloutStrategy"].startswith("Surge")
+
+
+def _args(pod: dict[str, Any]) -> list[str]:
+    return list(pod["spec"]["containers"][0]["args"])
+
+
+def _value(pod: dict[str, Any], flag: str) -> str:
+    args = _args(pod)
+    return args[args.index(flag) + 1]
+
+
+def test_scaled_to_two_replicas_the_new_engine_gets_traffic(served: Served) -> None:
+    (first,) = served.pods(ENGINE_SELECTOR)
+    served.patch({"replicas": 2})
+    serving.wait_serving(served.cluster, NAMESPACE, NAME)
+    wait_until(lambda: served.qwd()["status"].get("readyReplicas") == 2, 300, "2 ready replicas")
+    engines = served.pods(ENGINE_SELECTOR)
+    assert len(engines) == 2 and all(p["spec"]["nodeName"] == NODE_NAME for p in engines)
+    (second,) = [p for p in engines if p["metadata"]["uid"] != first["metadata"]["uid"]]
+    before = _engine_requests(second)
+
+    def new_engine_answered() -> bool:
+        _chat_ok(served)  # the router's discovery adds the new pod on its readiness
+        return _engine_requests(second) > before
+
+    wait_until(new_engine_answered, 120, "a request answered by the new engine", interval=0.5)
+
+
+def test_gateway_pods_meet_restricted_engines_need_baseline(served: Served) -> None:
+    """The server's own Pod Security check of every running pod against restricted."""
+    dry_run = served.cluster.kubectl(
+        "label", "--dry-run=server", "--overwrite", "namespace", NAMESPACE,
+        "pod-security.kubernetes.io/enforce=restricted",
+    )  # fmt: skip
+    warnings = dry_run.stderr
+    engines = [p["metadata"]["name"] for p in served.pods(ENGINE_SELECTOR)]
+    gateways = [p["metadata"]["name"] for p in served.pods(GATEWAY_SELECTOR)]
+    assert all(name in warnings for name in engines) or "pods" in warnings, warnings
+    assert not any(name in warnings for name in gateways), warnings
+    labels = served.kubectl_json("get", "namespace", serving.OPERATOR_NAMESPACE)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+# --- deployments of their own ------------------------------------------------------------------------
+
+
+def test_missing_api_key_secret_leaves_the_gateway_pod_waiting(served: Served) -> None:
+    body = serving.dev_qwendeployment(name="no-keys", namespace=NAMESPACE)
+    body["spec"]["replicas"] = 0  # no engine needed to see the gateway wait
+    serving.apply(served.cluster, body)
+
+    def waiting_for_the_secret() -> bool:
+        pods = served.pods("app.kubernetes.io/instance=no-keys,app.kubernetes.io/component=gateway")
+        if not pods:
+            return False
+        events = served.kubectl_json(
+            "-n", NAMESPACE, "get", "events", "--field-selector",
+            f"involvedObject.name={pods[0]['metadata']['name']},reason=FailedMount",
+        )["items"]  # fmt: skip
+        return pods[0]["status"]["phase"] == "Pending" and any(
+            re.search(r'secret "no-keys-api-keys" not found', e["message"]) for e in events
+        )
+
+    wait_until(waiting_for_the_secret, 120, "the gateway pod waiting for its API-key Secret", interval=2)
+    served.cluster.kubectl("-n", NAMESPACE, "delete", "qwd", "no-keys", "--wait=false")

@@ -1,0 +1,3 @@
+module qwenops.dev/images/pause
+
+go 1.26

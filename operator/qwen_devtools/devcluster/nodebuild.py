@@ -1,0 +1,230 @@
+"""The real node's binaries and sandbox image, built once per version into the cache.
+
+* kubelet, kube-proxy: ``gobuild/build-node.sh`` from the control plane's wrapper module and Kubernetes
+  version, into ``<cache>/k8s-node-<k8s>/`` (the control plane's directory stays as it is);
+* containerd, containerd-shim-runc-v2, ctr: from ``github.com/containerd/containerd/v2`` at
+  ``versions.CONTAINERD``, into ``<cache>/containerd-<version>/``;
+* coredns: from ``github.com/coredns/coredns`` at ``versions.COREDNS``, into ``<cache>/coredns-<version>/``;
+* the pause image (``images/pause``: the static ``pause`` and ``probe`` programs in a ``FROM scratch``
+  image), built with podman and saved as a docker-archive ``<cache>/pause-<key>/pause.tar``, ``key``
+  being a hash of its sources.
+
+A ``MANIFEST`` (or the final file) marks each complete build, so a rerun only looks things up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from qwen_operator.versions import CONTAINERD, COREDNS, KUBERNETES
+
+from ..cache import cache_dir
+from ..gotools import GoMissing, build_go_module, find_go, go_program
+from ..images import podman
+from ..repo import REPO
+from .build import BuildError
+
+NODE_SCRIPT = Path(__file__).resolve().parent / "gobuild" / "build-node.sh"
+NODE_BINARIES = ("kubelet", "kube-proxy")
+CONTAINERD_MODULE = "github.com/containerd/containerd/v2"
+#: Binary -> main package in the containerd module.
+CONTAINERD_BINARIES = {
+    "containerd": "./cmd/containerd",
+    "containerd-shim-runc-v2": "./cmd/containerd-shim-runc-v2",
+    "ctr": "./cmd/ctr",
+}
+#: Snapshotters the node never uses: leaving them out shortens the build.
+CONTAINERD_TAGS = "no_devmapper,no_zfs"
+COREDNS_MODULE = "github.com/coredns/coredns"
+PAUSE_SOURCE = REPO / "images" / "pause"
+PAUSE_PROGRAMS = ("pause", "probe")
+
+
+def log(message: str, started: float | None = None) -> None:
+    """One progress line, with the seconds since ``started`` when given."""
+    took = f" ({time.monotonic() - started:.1f}s)" if started is not None else ""
+    print(f"[devcluster build] {message}{took}", flush=True)
+
+
+@dataclass(frozen=True)
+class PauseImage:
+    """The sandbox image: its reference in containerd and the docker-archive it is imported from."""
+
+    ref: str
+    archive: Path
+
+
+def node_bin_dir() -> Path:
+    """Directory of kubelet and kube-proxy for the pinned Kubernetes (may not exist yet)."""
+    return cache_dir() / f"k8s-node-{KUBERNETES}"
+
+
+def containerd_dir() -> Path:
+    """Directory of containerd, its runc shim and ctr for the pinned version (may not exist yet)."""
+    return cache_dir() / f"containerd-{CONTAINERD}"
+
+
+def coredns_binary() -> Path:
+    """Where the pinned CoreDNS lands (the layout of qwen_devtools.gotools.go_program)."""
+    return cache_dir() / f"coredns-{COREDNS}" / "coredns"
+
+
+def _pause_key() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in PAUSE_SOURCE.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(PAUSE_SOURCE)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def pause_image() -> PauseImage:
+    """Reference and archive of the pause image of the current sources (nothing is built)."""
+    key = _pause_key()
+    return PauseImage(f"localhost/qwen-pause:{key}", cache_dir() / f"pause-{key}" / "pause.tar")
+
+
+def is_built() -> bool:
+    """True when every part of the real node is cached."""
+    return (
+        (node_bin_dir() / "MANIFEST").is_file()
+        and (containerd_dir() / "MANIFEST").is_file()
+        and coredns_binary().is_file()
+        and pause_image().archive.is_file()
+    )
+
+
+def binary(name: str) -> Path:
+    """Path of one cached real-node binary; FileNotFoundError with the command that builds it."""
+    if name in NODE_BINARIES:
+        path = node_bin_dir() / name
+    elif name in CONTAINERD_BINARIES:
+        path = containerd_dir() / name
+    elif name == "coredns":
+        path = coredns_binary()
+    else:
+        raise ValueError(f"unknown real-node binary {name!r}")
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing; run: python -m qwen_devtools.devcluster build --real-node"
+        )
+    return path
+
+
+def _go() -> str:
+    go = find_go()
+    if go is None:
+        raise BuildError(
+            "the Go toolchain (go >= 1.26) is not on PATH (nor in /usr/local/go); it is needed once to build"
+            " the real node"
+        )
+    return go
+
+
+def _build_kubelet(go: str) -> None:
+    if (node_bin_dir() / "MANIFEST").is_file():
+        return
+    started = time.monotonic()
+    log(f"building kubelet and kube-proxy {KUBERNETES} into {node_bin_dir()} (a minute or two)")
+    path = os.pathsep.join([str(Path(go).parent), os.environ.get("PATH", "")])  # the script runs `go`
+    try:
+        subprocess.run(
+            ["bash", str(NODE_SCRIPT), str(node_bin_dir()), KUBERNETES],
+            check=True,
+            env={**os.environ, "PATH": path},
+        )
+    except subprocess.CalledProcessError as error:
+        raise BuildError(
+            f"{NODE_SCRIPT.name} failed with exit status {error.returncode} (output above)"
+        ) from error
+    log("kubelet and kube-proxy built", started)
+
+
+def _build_containerd(go: str) -> None:
+    out = containerd_dir()
+    if (out / "MANIFEST").is_file():
+        return
+    started = time.monotonic()
+    log(f"building containerd {CONTAINERD} into {out} (about 2 minutes)")
+    partial = out.with_name(out.name + ".tmp")
+    shutil.rmtree(partial, ignore_errors=True)
+    version = f"{CONTAINERD_MODULE}/version"
+    stamp = f"-s -w -X {version}.Version={CONTAINERD} -X {version}.Package={CONTAINERD_MODULE}"
+    try:
+        for name, package in CONTAINERD_BINARIES.items():
+            build_go_module(
+                go,
+                CONTAINERD_MODULE,
+                CONTAINERD,
+                partial / name,
+                package=package,
+                ldflags=stamp,
+                tags=CONTAINERD_TAGS,
+            )
+    except subprocess.CalledProcessError as error:
+        raise BuildError(f"building containerd failed: {error} (output above)") from error
+    (partial / "MANIFEST").write_text(f"containerd {CONTAINERD}\n")
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
+    log("containerd built", started)
+
+
+def _build_coredns() -> None:
+    if coredns_binary().is_file():
+        return
+    started = time.monotonic()
+    log(f"building CoreDNS {COREDNS} (about 6 minutes the first time)")
+    try:
+        built = go_program(COREDNS_MODULE, COREDNS, "coredns", "coredns")
+    except (GoMissing, subprocess.CalledProcessError) as error:
+        raise BuildError(f"building CoreDNS failed: {error}") from error
+    assert built == coredns_binary(), (built, coredns_binary())
+    log("CoreDNS built", started)
+
+
+def _build_pause(go: str) -> None:
+    image = pause_image()
+    if image.archive.is_file():
+        return
+    started = time.monotonic()
+    log(f"building the pause image {image.ref} from {PAUSE_SOURCE.relative_to(REPO)}")
+    with tempfile.TemporaryDirectory(prefix="qwen-pause-") as tmp:
+        context = Path(tmp)
+        try:
+            for program in PAUSE_PROGRAMS:
+                subprocess.run(
+                    [
+                        go,
+                        "build",
+                        "-trimpath",
+                        "-ldflags",
+                        "-s -w",
+                        "-o",
+                        str(context / program),
+                        f"./{program}",
+                    ],
+                    cwd=PAUSE_SOURCE,
+                    check=True,
+                    env={**os.environ, "CGO_ENABLED": "0"},
+                )
+            podman.build(PAUSE_SOURCE / "Dockerfile", context, image.ref, build_args={})
+            podman.save(image.ref, image.archive)
+        except (podman.PodmanMissing, subprocess.CalledProcessError) as error:
+            raise BuildError(f"building the pause image failed: {error}") from error
+    log(f"pause image saved to {image.archive}", started)
+
+
+def build() -> None:
+    """Build every real-node part that is not cached yet, with progress lines; BuildError on failure."""
+    if is_built():
+        return
+    go = _go()
+    _build_kubelet(go)
+    _build_containerd(go)
+    _build_coredns()
+    _build_pause(go)

@@ -1,7 +1,8 @@
 """A QwenDeployment really served on the dev cluster's real node, end to end, with nothing simulated:
 
 the chart's operator pod (from its image built here, under its RBAC) reconciles the dev QwenDeployment
-(examples/dev/cpu-real-node.yaml); the engine is the CPU build of vLLM in its image, TP 2, reading the
+(examples/dev/cpu-real-node.yaml); the engine is the CPU build of vLLM in its image (TP 1 here, see the
+fixture; `make demo` serves TP 2), reading the
 tiny model from a model cache PVC; the gateway pod (nginx + vllm-router, restricted Pod Security) finds
 the engine pods through the API with its own ServiceAccount and routes to them. Every answer is checked
 to come from a pod on the real node, and the engine's own metrics count it.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +27,6 @@ import pytest
 from qwen_devtools import serving
 from qwen_devtools.devcluster import cluster as devcluster
 from qwen_devtools.devcluster.nodecomponents import NODE_NAME
-from qwen_devtools.net import http_get
 from qwen_devtools.wait import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.real_node, pytest.mark.engine]
@@ -70,6 +71,12 @@ def served(real_cluster: devcluster.Cluster) -> Iterator[Served]:
     serving.install_operator(real_cluster)
     serving.prepare_namespace(real_cluster, NAMESPACE)
     body = serving.dev_qwendeployment(namespace=NAMESPACE)
+    # TP 1 here: the rollout and scale-out tests run two engines at once on 2 cores, and two TP-2
+    # engines' workers (each pinned to both cores, busy-polling their shared-memory queues) starve the
+    # starting one for minutes. `make demo` serves the TP-2 default.
+    body["spec"]["parallelism"]["tensor"] = 1
+    # Without torch.compile an engine starts in about 40 s instead of 70-300 s beside a busy one.
+    body["spec"]["engine"]["extraArgs"] = ["--enforce-eager"]
     serving.model_cache(real_cluster, NAMESPACE, body["spec"]["model"]["cache"]["claimName"])
     key = serving.api_key_secret(real_cluster, NAMESPACE, body["spec"]["gateway"]["apiKeysSecret"])
     started = time.monotonic()
@@ -100,7 +107,7 @@ def _ready_while_engine_starts(stack: Served) -> dict[str, Any] | None:
 
 def _engine_requests(pod: dict[str, Any]) -> float:
     """vllm:request_success_total of one engine, read from its own /metrics on the pod IP."""
-    status, text = http_get(f"http://{pod['status']['podIP']}:8000/metrics", timeout=5)
+    status, text = serving.pod_get(f"http://{pod['status']['podIP']}:8000/metrics")
     assert status == 200, text[:300]
     return sum(
         float(line.rsplit(" ", 1)[1])
@@ -205,7 +212,7 @@ def test_max_model_len_edit_rolls_engines_with_zero_failed_requests(served: Serv
         while not stop.is_set():
             status, _ = serving.chat(served.url, served.key, "Count to three.", max_tokens=4, timeout=120)
             results.append(status)
-            time.sleep(0.2)
+            time.sleep(0.5)
 
     client = threading.Thread(target=traffic, daemon=True)
     client.start()
@@ -254,7 +261,9 @@ def test_scaled_to_two_replicas_the_new_engine_gets_traffic(served: Served) -> N
     before = _engine_requests(second)
 
     def new_engine_answered() -> bool:
-        _chat_ok(served)  # the router's discovery adds the new pod on its readiness
+        # New prompts: cache_aware keeps a known prefix on the engine that has it cached, and sends
+        # unknown ones to the engine with the emptiest cache, i.e. the new one once discovery added it.
+        _chat_ok(served, f"Tell me about {secrets.token_hex(6)}.")
         return _engine_requests(second) > before
 
     wait_until(new_engine_answered, 120, "a request answered by the new engine", interval=0.5)

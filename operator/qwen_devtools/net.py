@@ -1,14 +1,17 @@
-"""Loopback networking of the tests: free ports on 127.0.0.1 and an HTTP GET that never uses a proxy."""
+"""Networking of the tests: free ports on 127.0.0.1, and an HTTP GET that never uses a proxy and only
+goes to loopback or to the networks the dev cluster made."""
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import socket
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-#: The only address tests bind to and send traffic to.
+#: The only address tests bind to, and (besides the dev cluster's own networks) send traffic to.
 LOOPBACK = "127.0.0.1"
 
 
@@ -33,9 +36,32 @@ def free_udp_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def http_get(url: str, timeout: float = 2.0, headers: Mapping[str, str] | None = None) -> tuple[int, str]:
-    """(status, body) of a GET without proxies; status 0 when nothing answers."""
-    assert url.startswith(f"http://{LOOPBACK}:"), f"tests only talk to {LOOPBACK}: {url}"
+def check_destination(url: str, networks: Sequence[str] = ()) -> None:
+    """Tests talk to loopback, or to the networks the dev cluster made (its pods and Services)."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    allowed = host == LOOPBACK or any(
+        ipaddress.ip_address(host) in ipaddress.ip_network(n) for n in networks if _is_ip(host)
+    )
+    assert allowed, f"tests only talk to {LOOPBACK} or {list(networks)}: {url}"
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def http_get(
+    url: str,
+    timeout: float = 2.0,
+    headers: Mapping[str, str] | None = None,
+    networks: Sequence[str] = (),
+) -> tuple[int, str]:
+    """(status, body) of a GET without proxies; status 0 when nothing answers. Only to loopback or
+    `networks` (the dev cluster's pod and Service ranges)."""
+    check_destination(url, networks)
     request = urllib.request.Request(url, headers=dict(headers or {}))
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:

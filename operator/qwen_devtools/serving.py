@@ -26,7 +26,9 @@ import yaml
 
 from .cache import cache_dir
 from .devcluster.cluster import Cluster
+from .devcluster.components import POD_CIDR, SERVICE_CIDR
 from .model import build_tiny_model, write_hf_cache
+from .net import check_destination, http_get
 from .repo import REPO
 from .wait import wait_until
 
@@ -38,6 +40,8 @@ DEV_CR = REPO / "examples" / "dev" / "cpu-real-node.yaml"
 #: Where the engine's model cache PV points on the node (shared by every dev cluster, read-only use).
 MODEL_CACHE_DIR = "hf-cache-tiny-qwen3"
 SERVING_TIMEOUT = 600.0  # image already loaded; a TP-2 CPU engine needs about 100 s on 2 cores
+#: Where tests and the demo send traffic: the cluster's pods and Services (the host reaches both).
+CLUSTER_NETWORKS = (POD_CIDR, SERVICE_CIDR)
 
 
 def log(message: str) -> None:
@@ -232,6 +236,7 @@ def chat(url: str, key: str, prompt: str, max_tokens: int = 16, timeout: float =
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
     }
+    check_destination(url, CLUSTER_NETWORKS)
     request = urllib.request.Request(
         f"{url}/v1/chat/completions",
         data=json.dumps(body).encode(),
@@ -243,6 +248,11 @@ def chat(url: str, key: str, prompt: str, max_tokens: int = 16, timeout: float =
             return int(response.status), json.loads(response.read())
     except urllib.error.HTTPError as error:
         return int(error.code), error.read().decode(errors="replace")
+
+
+def pod_get(url: str, timeout: float = 5) -> tuple[int, str]:
+    """GET on a pod or Service address of the dev cluster (e.g. an engine's /metrics)."""
+    return http_get(url, timeout=timeout, networks=CLUSTER_NETWORKS)
 
 
 def curl_command(url: str, key: str) -> str:

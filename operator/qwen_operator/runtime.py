@@ -7,8 +7,10 @@ import asyncio
 import json
 import logging
 import os
+import socket
 import threading
 from collections.abc import Callable
+from typing import Any, cast
 
 import kopf
 from aiohttp import web
@@ -77,7 +79,13 @@ def run(namespaces: list[str], metrics_port: int, log_level: str = "info") -> in
         started.set()
         try:
             await kopf.operator(
-                clusterwide=not namespaces, namespaces=namespaces, standalone=True, stop_flag=None
+                clusterwide=not namespaces,
+                namespaces=namespaces,
+                standalone=True,
+                stop_flag=None,
+                # kopf's default identity asks the passwd database for the user, which has no entry
+                # for the image's uid 65532 (getpwuid fails and the pod crash-loops): the pod's name.
+                identity=cast(Any, socket.gethostname()),  # kopf's Identity is a NewType of str
             )
         finally:
             resync.cancel()

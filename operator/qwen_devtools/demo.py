@@ -54,8 +54,12 @@ def up() -> int:
     if status != 200:
         print(f"the gateway answered {status}: {answer}", file=sys.stderr)
         return 1
-    print(f"answer ({answer['usage']['completion_tokens']} tokens from the tiny random model): "
-          f"{answer['choices'][0]['message']['content']!r}")  # fmt: skip
+    message = answer["choices"][0]["message"]
+    # The qwen3 reasoning parser files text before a </think> under "reasoning"; random weights
+    # rarely close the think block, so the answer is usually all reasoning.
+    text = message.get("content") or message.get("reasoning") or message.get("reasoning_content")
+    print(f"answer ({answer['usage']['completion_tokens']} tokens of random text from the tiny model, "
+          f"served by {answer.get('system_fingerprint')}): {text!r}")  # fmt: skip
     step("kubectl get qwd -A -o wide")
     print(handle.kubectl("get", "qwd", "-A", "-o", "wide").stdout)
     step("nodes: the real node and the simulated GPU pools")

@@ -1,6 +1,8 @@
 """The operator end to end on the dev cluster: children, scheduling, status, drift, HPA, GC, zero writes.
 
 The operator runs as a local process under the ServiceAccount and RBAC of manifests/install.yaml.
+The engine and gateway pods here are SIMULATED (kwok nodes run no containers): "Ready" below means
+kwok marked them ready; tests of a really serving stack are in test_real_serving.py.
 """
 
 from __future__ import annotations

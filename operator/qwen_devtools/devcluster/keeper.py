@@ -25,7 +25,9 @@ from types import FrameType
 import urllib3
 from kubernetes import client, config
 
-RESOURCE = "nvidia.com/gpu"
+from qwen_operator.api.catalog import GPU_RESOURCE
+
+RESOURCE = GPU_RESOURCE
 POLL_SECONDS = 1.0
 
 

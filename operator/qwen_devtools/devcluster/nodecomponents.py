@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from qwen_operator.api.catalog import GPU_PRODUCT_LABEL
+
 from ..cache import cache_dir
 from . import nodebuild
 from .components import POD_CIDR
@@ -282,7 +284,7 @@ def labels() -> dict[str, str]:
     """The real node's labels: found by the tests and the demo, and a GPU product no kwok pool has."""
     return {
         "qwenops.dev/real-node": "true",
-        "nvidia.com/gpu.product": "QWEN-DEV-CPU",
+        GPU_PRODUCT_LABEL: "QWEN-DEV-CPU",
         "nvidia.com/gpu.present": "true",
         "nvidia.com/gpu.count": "8",
     }

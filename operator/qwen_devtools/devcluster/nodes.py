@@ -16,11 +16,13 @@ from typing import Any
 
 from kubernetes import client
 
+from qwen_operator.api.catalog import GPU_PRODUCT_LABEL, GPU_RESOURCE
+
 from ..wait import Timeout, wait_until
 
 POOL_LABEL = "qwenops.dev/pool"
 KWOK_ANNOTATION = {"kwok.x-k8s.io/node": "fake"}
-GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+GPU_TAINT = {"key": GPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
 SIMULATED_TAINT = {"key": "qwenops.dev/simulated", "value": "true", "effect": "NoSchedule"}
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
@@ -61,7 +63,7 @@ def _labels(pool: Pool, node: str) -> dict[str, str]:
     if pool.gpus:
         labels |= {
             "nvidia.com/gpu.present": "true",
-            "nvidia.com/gpu.product": pool.product,
+            GPU_PRODUCT_LABEL: pool.product,
             "nvidia.com/gpu.count": str(pool.gpus),
             "nvidia.com/gpu.memory": str(pool.gpu_memory_mib),
             "nvidia.com/gpu.family": pool.gpu_family,
@@ -77,7 +79,7 @@ def node_body(pool: Pool, index: int, beside_real_node: bool = False) -> dict[st
     name = f"{pool.name}-{index}"
     resources = {"cpu": pool.cpu, "memory": pool.memory, "pods": "110", "ephemeral-storage": "2Ti"}
     if pool.gpus:
-        resources["nvidia.com/gpu"] = str(pool.gpus)
+        resources[GPU_RESOURCE] = str(pool.gpus)
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -145,8 +147,8 @@ def gpu_table(api: client.CoreV1Api, extra: Sequence[tuple[str, str, str, str, s
     rows = [("NAME", "POOL", "GPU PRODUCT", "GPUS", "READY"), *extra]
     for node in list_simulated(api):
         labels = node["metadata"].get("labels") or {}
-        gpus = node.get("status", {}).get("capacity", {}).get("nvidia.com/gpu", "0")
-        product = labels.get("nvidia.com/gpu.product", "-")
+        gpus = node.get("status", {}).get("capacity", {}).get(GPU_RESOURCE, "0")
+        product = labels.get(GPU_PRODUCT_LABEL, "-")
         rows.append((node["metadata"]["name"], labels.get(POOL_LABEL, "-"), product, gpus, _ready(node)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)

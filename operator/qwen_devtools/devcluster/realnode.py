@@ -32,6 +32,8 @@ from typing import Any
 
 from kubernetes import client
 
+from qwen_operator.api.catalog import GPU_PRODUCT_LABEL, GPU_RESOURCE
+
 from ..wait import Timeout, wait_until
 from . import containerd, hostclean, network, nodebuild, nodecomponents, procs
 from .nodecomponents import NODE_NAME, NODE_PATH, NodeLayout
@@ -42,7 +44,7 @@ LOCK_FILE = Path("/run/qwen-devcluster-real-node.lock")
 #: Start order; teardown goes its own way (see the module docstring).
 COMPONENTS = ("keeper", "containerd", "kubelet", "kube-proxy", "coredns")
 GPUS = "8"
-RESOURCE = "nvidia.com/gpu"
+RESOURCE = GPU_RESOURCE
 START_TIMEOUT = 60.0
 POD_DELETE_TIMEOUT = 30.0
 IMPORT_TIMEOUT = 900.0
@@ -449,5 +451,5 @@ def node_row(core: client.CoreV1Api) -> tuple[str, str, str, str, str] | None:
     if node is None:
         return None
     labels = node["metadata"].get("labels") or {}
-    product = labels.get("nvidia.com/gpu.product", "-")
+    product = labels.get(GPU_PRODUCT_LABEL, "-")
     return (NODE_NAME, "real", product, _allocatable_gpus(node), str(_node_ready(node)))

@@ -19,6 +19,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -261,9 +262,11 @@ def test_scaled_to_two_replicas_the_new_engine_gets_traffic(served: Served) -> N
     before = _engine_requests(second)
 
     def new_engine_answered() -> bool:
-        # New prompts: cache_aware keeps a known prefix on the engine that has it cached, and sends
-        # unknown ones to the engine with the emptiest cache, i.e. the new one once discovery added it.
-        _chat_ok(served, f"Tell me about {secrets.token_hex(6)}.")
+        # cache_aware sends a prompt no engine has seen to the least-loaded engine, and on a tie to the
+        # first in its list: one request at a time may always land on the old engine. Requests in
+        # flight together make the loads differ, so once discovery added the new engine it gets some.
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda _: _chat_ok(served, secrets.token_hex(8)), range(4)))
         return _engine_requests(second) > before
 
     wait_until(new_engine_answered, 120, "a request answered by the new engine", interval=0.5)

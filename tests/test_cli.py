@@ -69,14 +69,18 @@ def test_a100_golden_numbers_by_hand() -> None:
     plan = json.loads((GOLDEN / "plan" / "a100-80gb-tp2-bf16.json").read_text())
     # bf16 weights 65.53e9 B / 2 GPUs = 32.765e9 B = 30.51 GiB per GPU
     assert plan["weightsGiBPerGpu"] == 30.51
-    # usable 80 GiB (81,920 MiB) x 0.9 = 72 GiB; minus 30.51 GiB weights and 5.5 GiB overhead = 35.99 GiB
-    assert plan["kvCacheGiBPerGpu"] == 35.99
+    # usable: 79.14 GiB (what CUDA reports for an A100-80GB) x 0.9 = 76,478,335,156 B; minus per GPU
+    # 32,765,000,000 B weights, the profile forward of 8,192 batched tokens at TP 2 (117,768 B per token,
+    # tools/measure/activation_peak.out.txt) 964,755,456 B, non-torch 2 x 0.15 GiB = 322,122,546 B and
+    # CUDA graphs 1.86 GiB = 1,997,159,792 B: 40,429,297,361 B = 37.65 GiB
+    assert plan["kvCacheGiBPerGpu"] == 37.65
+    assert plan["runtimeGiBPerGpu"] == 3.06  # 964,755,456 + 322,122,546 + 1,997,159,792 B
     # KV per token 2 (K,V) x 64 layers x 8 KV heads x 128 head_dim x 2 B = 262,144 B
     assert plan["kvBytesPerToken"] == 262_144
-    # tokens = budget x 2 GPUs / 262,144 = 38,638,831,296 x 2 / 262,144 = 294,790.9 -> 294,790
-    assert plan["kvTokensPerReplica"] == 294_790
-    # 294,790 // 32,768 = 8 requests of the full 32K context at once
-    assert plan["maxConcurrentAtMaxModelLen"] == 8
+    # tokens = budget x 2 GPUs / 262,144 = 308,452.9, in whole 16-token blocks -> 308,448
+    assert plan["kvTokensPerReplica"] == 308_448
+    # 308,448 // 32,768 = 9 requests of the full 32K context at once
+    assert plan["maxConcurrentAtMaxModelLen"] == 9
     assert (plan["tensorParallelSize"], plan["gpusPerReplica"], plan["maxModelLen"]) == (2, 2, 32_768)
 
 
@@ -86,7 +90,11 @@ def test_plan_table_output() -> None:
     lines = dict(line.split("  ", 1) for line in result.stdout.splitlines() if "  " in line)
     assert lines["Fits"].strip() == "yes"
     assert lines["KV bytes per token"].strip() == "262,144"
-    assert lines["KV tokens per replica"].strip() == "294,790"
+    # maxModelLen 32,768 at 20 tokens/s + 120 s, in whole minutes (plan.request_timeout_seconds)
+    assert lines["Gateway request timeout"].strip() == "1800 s"
+    planned = json.loads(run_cli("plan", "-f", str(EXAMPLES[0]), "-o", "json").stdout)
+    assert lines["KV tokens per replica"].strip() == f"{planned['kvTokensPerReplica']:,}"
+    assert lines["Longest prefill step"].strip() == f"~{planned['prefillStepSeconds']:.1f} s"
     assert "Engine: vllm serve Qwen/Qwen3-32B --served-model-name" in result.stdout
 
 

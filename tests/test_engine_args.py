@@ -88,7 +88,7 @@ def test_h100_example_yarn_and_speculation() -> None:
     }
 
 
-@pytest.mark.parametrize(("length", "factor"), [(40_000, 2.0), (65_536, 2.0), (100_000, 4.0), (131_072, 4.0)])
+@pytest.mark.parametrize(("length", "factor"), [(40_961, 2.0), (65_536, 2.0), (100_000, 4.0), (131_072, 4.0)])
 def test_yarn_overrides_are_consistent(length: int, factor: float) -> None:
     overrides = json.loads(value(args_of(spec_of(maxModelLen=length)), "--hf-overrides"))
     assert overrides["rope_parameters"]["factor"] == factor
@@ -97,8 +97,17 @@ def test_yarn_overrides_are_consistent(length: int, factor: float) -> None:
     assert overrides["max_position_embeddings"] == int(factor * 32_768) >= length
 
 
-def test_no_yarn_within_the_native_window() -> None:
-    assert "--hf-overrides" not in args_of(spec_of(maxModelLen=32_768))
+@pytest.mark.parametrize("length", [32_768, 40_000, 40_960])
+def test_no_yarn_up_to_the_config_window(length: int) -> None:
+    # Qwen3-32B's config.json has max_position_embeddings 40960: vLLM takes that length as is.
+    assert "--hf-overrides" not in args_of(spec_of(maxModelLen=length))
+
+
+@pytest.mark.parametrize("method", ["fp8_per_tensor", "fp8_per_block"])
+def test_online_fp8_is_passed_by_its_vllm_name(method: str) -> None:
+    # vLLM 0.32 names: vllm/model_executor/layers/quantization/__init__.py QuantizationMethods and
+    # vllm/config/quantization.py _ONLINE_SHORTHANDS (`--quantization fp8` on bf16 is deprecated there).
+    assert value(args_of(spec_of(quantization=method)), "--quantization") == method
 
 
 def test_each_field_maps_to_its_flag() -> None:
@@ -112,7 +121,7 @@ def test_each_field_maps_to_its_flag() -> None:
         "enableChunkedPrefill": False,
         "enablePrefixCaching": False,
         "gpuMemoryUtilization": 0.85,
-        "quantization": "fp8",
+        "quantization": "fp8_per_tensor",
         "reasoning": {"enabled": False},
         "toolCalling": {"parser": "qwen3_xml"},
         "extraArgs": ["--enforce-eager", "--seed", "7"],
@@ -127,7 +136,7 @@ def test_each_field_maps_to_its_flag() -> None:
     assert value(args, "--max-num-seqs") == "32"
     assert value(args, "--max-num-batched-tokens") == "16384"
     assert value(args, "--gpu-memory-utilization") == "0.85"
-    assert value(args, "--quantization") == "fp8"
+    assert value(args, "--quantization") == "fp8_per_tensor"
     assert value(args, "--tool-call-parser") == "qwen3_xml"
     assert "--no-enable-chunked-prefill" in args and "--enable-chunked-prefill" not in args
     assert "--no-enable-prefix-caching" in args and "--enable-prefix-caching" not in args

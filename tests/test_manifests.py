@@ -13,7 +13,7 @@ from qwen_operator.api.catalog import GPUS
 from qwen_operator.api.review import Review, review
 from qwen_operator.api.rollout import Rollout
 from qwen_operator.kinds import optional
-from qwen_operator.manifests import ClusterFacts, build_all, build_children
+from qwen_operator.manifests import ClusterFacts, build_all, build_children, scaling
 from qwen_operator.manifests.engine import startup_seconds
 from support import EXAMPLES, load
 
@@ -72,7 +72,7 @@ def test_no_replicas_field_when_autoscaled() -> None:
     assert "replicas" not in _engine(objects)["spec"]
     hpa = _by_kind(objects, "HorizontalPodAutoscaler")[0]
     assert hpa["spec"]["maxReplicas"] == 3
-    assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "vllm:num_requests_waiting"
+    assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == scaling.HPA_METRIC == "qwen_queue_depth"
 
 
 def test_fixed_replicas_are_written() -> None:

@@ -1,10 +1,12 @@
-"""Alert rules and the Grafana dashboard the chart ships.
+"""Recording rules, alert rules, the prometheus-adapter rules and the Grafana dashboard.
 
-promtool (Debian's prometheus package) checks the rule file and the PrometheusRule the chart renders,
-and runs the unit tests in tests/promtool/ on synthetic series. Every metric name the rules and the
-dashboard use must exist: vLLM's from the vLLM 0.32 package itself (its metric loggers), the router's
-from the vllm-router 0.1.17 extension, the gateway's from docs/gateway.md, kube-state-metrics' from
-the list below, the operator's from its own registry.
+promtool (Debian's prometheus package) checks the rule files and the PrometheusRules the chart and the
+operator render, and runs the unit tests in tests/promtool/ on synthetic series, with the rule files
+made fresh beside them from their sources (qwen_operator.recording, the chart's alert file, the
+operator's builder). Every metric name the rules and the dashboard use must exist: vLLM's from the vLLM
+0.32 package itself (its metric loggers), the router's from the vllm-router 0.1.17 extension, the
+gateway's from docs/gateway.md, kube-state-metrics' from the list below, the operator's from its own
+registry, the recorded ones from qwen_operator.recording.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +23,25 @@ import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
-from qwen_devtools.generate.files import dashboard_json
+from qwen_devtools.generate.files import (
+    ADAPTER_VALUES,
+    RECORDING_RULES,
+    adapter_values_file,
+    dashboard_json,
+    recording_rules_file,
+)
 from qwen_devtools.require import missing
 from qwen_devtools.vllm_env import vllm_venv
 from qwen_operator import metrics as operator_metrics
+from qwen_operator import names, recording
+from qwen_operator.api.review import review
+from qwen_operator.manifests.monitoring import build_engine_service_monitor, build_prometheus_rule
+from support import EXAMPLES, example, load
 from test_chart import CHART, one, render
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = CHART / "rules" / "qwen-serving.rules.yaml"
+RECORDING = REPO / RECORDING_RULES
 DASHBOARD = CHART / "dashboards" / "qwen-serving.json"
 GATEWAY_DOC = REPO / "docs" / "gateway.md"
 MONITORING_DOC = REPO / "docs" / "monitoring.md"
@@ -39,8 +52,17 @@ ALERTS = {
     "QwenKVCacheSaturated",
     "QwenHighTTFTP99",
     "QwenScalingMetricAbsent",
+    "QwenQueueMetricAbsent",
     "QwenEngineRestarts",
 }
+DEPLOYMENT_ALERTS = {
+    "QwenDeploymentNoReadyEngines",
+    "QwenDeploymentQueueAtCapacity",
+    "QwenDeploymentKVCacheSaturated",
+    "QwenDeploymentQueueMetricAbsent",
+}
+#: Prometheus' own series (every target's `up`).
+PROMETHEUS_SERIES = {"up"}
 #: kube-state-metrics v2 series the rules and the dashboard read (stable metrics of its docs).
 KUBE_STATE_METRICS = {
     "kube_deployment_spec_replicas",
@@ -75,6 +97,34 @@ def rule_file() -> dict[str, Any]:
 
 def alert_rules() -> list[dict[str, Any]]:
     return [rule for group in rule_file()["groups"] for rule in group["rules"]]
+
+
+def recording_file() -> dict[str, Any]:
+    """The chart's recording rules, made fresh from qwen_operator.recording."""
+    return yaml.safe_load(recording_rules_file())
+
+
+def deployment_rule(**monitoring: Any) -> dict[str, Any]:
+    """The PrometheusRule the operator renders for tests/promtool/qwen-deployment.test.yaml's CR."""
+    body = example("a100-80gb-tp2-bf16")
+    body["metadata"].update(name="chat", namespace="llm", uid="0b1c2d3e-0000-4000-8000-000000000001")
+    body["spec"]["replicas"] = 2
+    body["spec"]["monitoring"] = {"prometheusRule": True, **monitoring}
+    return build_prometheus_rule(review(body))
+
+
+def stage_unit_test(unit_test: Path, tmp: Path) -> Path:
+    """A copy of a promtool test file beside the rule files it names, each made from its source."""
+    sources: dict[str, Callable[[], str]] = {
+        "qwen-recording.rules.yaml": recording_rules_file,
+        "qwen-serving.rules.yaml": RULES.read_text,
+        "qwen-deployment.rules.yaml": lambda: yaml.safe_dump(deployment_rule()["spec"]),
+    }
+    for name in yaml.safe_load(unit_test.read_text())["rule_files"]:
+        (tmp / name).write_text(sources[name]())
+    staged = tmp / unit_test.name
+    staged.write_text(unit_test.read_text())
+    return staged
 
 
 def dashboard() -> dict[str, Any]:
@@ -188,9 +238,15 @@ def test_allow_list_comes_from_the_real_packages() -> None:
 
 @pytest.mark.parametrize("source", ["rules", "dashboard"])
 def test_every_metric_name_exists(source: str) -> None:
-    exprs = [r["expr"] for r in alert_rules()] if source == "rules" else dashboard_exprs()
+    if source == "rules":
+        recorded = [r for g in recording_file()["groups"] for r in g["rules"]]
+        deployment = deployment_rule()["spec"]["groups"][0]["rules"]
+        exprs = [r["expr"] for r in alert_rules() + recorded + deployment]
+    else:
+        exprs = dashboard_exprs()
     used = set().union(*(metric_names(e) for e in exprs))
     allowed = vllm_metrics() | router_metrics() | KUBE_STATE_METRICS | operator_metric_names()
+    allowed |= set(recording.RECORDED) | PROMETHEUS_SERIES
     gateway_used = {n for n in used if n.startswith(("vllm_router_", "qwen_gateway_", "nginx"))}
     if gateway_used:
         allowed |= gateway_doc_metrics()
@@ -200,7 +256,8 @@ def test_every_metric_name_exists(source: str) -> None:
 
 def test_gateway_metrics_are_the_documented_ones() -> None:
     used = set().union(*(metric_names(e) for e in dashboard_exprs()))
-    gateway_used = {n for n in used if not n.startswith(("vllm:", "kube_", "qwen_operator_"))}
+    others = set(recording.RECORDED)
+    gateway_used = {n for n in used - others if not n.startswith(("vllm:", "kube_", "qwen_operator_"))}
     assert gateway_used, "the dashboard shows no gateway metric"
     undocumented = sorted(gateway_used - gateway_doc_metrics())
     assert not undocumented, f"not in docs/gateway.md: {undocumented}"
@@ -210,35 +267,112 @@ def test_gateway_metrics_are_the_documented_ones() -> None:
 
 
 def test_promtool_check_rules() -> None:
-    result = run_promtool("check", "rules", str(RULES))
+    result = run_promtool("check", "rules", str(RULES), str(RECORDING))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(ALERTS)} rules found" in result.stdout
+    assert f"SUCCESS: {len(recording.RECORDED)} rules found" in result.stdout
 
 
-def test_the_rendered_prometheusrule_is_the_rule_file(tmp_path: Path) -> None:
-    rule = one(render(None, "prometheusRule.enabled=true"), "PrometheusRule")
-    assert rule["spec"] == rule_file()
+@pytest.mark.parametrize(
+    ("sets", "groups"),
+    [
+        ((), ["qwen-recording", "qwen-serving"]),
+        (("prometheusRule.recordingRules=false",), ["qwen-serving"]),
+        (("prometheusRule.alerts=false",), ["qwen-recording"]),
+    ],
+)
+def test_the_rendered_prometheusrule_is_the_rule_files(
+    tmp_path: Path, sets: tuple[str, ...], groups: list[str]
+) -> None:
+    rule = one(render(None, "prometheusRule.enabled=true", *sets), "PrometheusRule")
+    files = {g["name"]: g for f in (recording_file(), rule_file()) for g in f["groups"]}
+    assert rule["spec"] == {"groups": [files[name] for name in groups]}
     path = tmp_path / "rendered.rules.yaml"
     path.write_text(yaml.safe_dump(rule["spec"]))
     result = run_promtool("check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_disabled_alerts_can_name_every_alert() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    rule_values = schema["properties"]["prometheusRule"]["properties"]
+    assert set(rule_values["disabledAlerts"]["items"]["enum"]) == ALERTS
+
+
+def test_no_prometheusrule_without_rules() -> None:
+    objects = render(
+        None,
+        "prometheusRule.enabled=true",
+        "prometheusRule.alerts=false",
+        "prometheusRule.recordingRules=false",
+    )
+    assert "PrometheusRule" not in {o["kind"] for o in objects}
+
+
 @pytest.mark.parametrize("unit_test", UNIT_TESTS, ids=lambda p: p.stem)
-def test_promtool_unit_tests(unit_test: Path) -> None:
-    result = run_promtool("test", "rules", unit_test.name, cwd=unit_test.parent)
+def test_promtool_unit_tests(unit_test: Path, tmp_path: Path) -> None:
+    staged = stage_unit_test(unit_test, tmp_path)
+    result = run_promtool("test", "rules", staged.name, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_unit_tests_cover_every_alert_firing_and_silent() -> None:
     firing: set[str] = set()
     silent: set[str] = set()
+    recorded: set[str] = set()
     for path in UNIT_TESTS:
         for test in yaml.safe_load(path.read_text())["tests"]:
             for case in test.get("alert_rule_test", []):
                 (firing if case.get("exp_alerts") else silent).add(case["alertname"])
-    assert firing == ALERTS
-    assert silent == ALERTS
+            recorded |= {n for case in test.get("promql_expr_test", []) for n in metric_names(case["expr"])}
+    assert firing == silent == ALERTS | DEPLOYMENT_ALERTS
+    assert recorded == set(recording.RECORDED)
+
+
+def test_alerts_read_no_vllm_series() -> None:
+    """A vLLM rename is fixed in qwen_operator.recording alone: alerts read only recorded series."""
+    for rule in alert_rules() + deployment_rule()["spec"]["groups"][0]["rules"]:
+        if "alert" in rule:
+            assert not [n for n in metric_names(rule["expr"]) if n.startswith("vllm:")], rule["alert"]
+
+
+def test_recording_rules_read_the_vllm_names_of_recording_py() -> None:
+    vllm = {
+        n
+        for g in recording_file()["groups"]
+        for r in g["rules"]
+        for n in metric_names(r["expr"])
+        if n.startswith("vllm:")
+    }
+    assert vllm == {recording.VLLM_WAITING, recording.VLLM_KV_CACHE_USAGE, recording.VLLM_TTFT + "_bucket"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_every_deployment_rule_passes_promtool(path: Path, tmp_path: Path) -> None:
+    body = load(path)
+    body["metadata"]["uid"] = "0b1c2d3e-0000-4000-8000-000000000001"
+    body["spec"]["monitoring"] = {"prometheusRule": True}
+    spec = build_prometheus_rule(review(body))["spec"]
+    rules = tmp_path / "deployment.rules.yaml"
+    rules.write_text(yaml.safe_dump(spec))
+    result = run_promtool("check", "rules", str(rules))
+    assert result.returncode == 0, result.stdout + result.stderr
+    recorded = [r["record"] for r in spec["groups"][0]["rules"] if "record" in r]
+    assert recorded == list(recording.RECORDED)
+
+
+def test_the_engine_service_monitor_labels_series_with_the_deployment() -> None:
+    body = example("a100-80gb-tp2-bf16")
+    body["metadata"]["uid"] = "0b1c2d3e-0000-4000-8000-000000000001"
+    rev = review(body)
+    (endpoint,) = build_engine_service_monitor(rev)["spec"]["endpoints"]
+    (relabel,) = endpoint["relabelings"]
+    assert relabel["targetLabel"] == recording.DEPLOYMENT_LABEL
+    # the pod label the relabeling reads carries the QwenDeployment's name
+    assert (
+        names.selector(rev.resource, "engine")[recording.DEPLOYMENT_POD_LABEL] == rev.resource.metadata.name
+    )
+    assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"]
 
 
 def test_alerts_are_the_documented_set_with_runbooks() -> None:
@@ -251,6 +385,101 @@ def test_alerts_are_the_documented_set_with_runbooks() -> None:
         anchor = rule["annotations"]["runbook_url"].rsplit("#", 1)[-1]
         assert anchor == rule["alert"].lower()
         assert f"### {rule['alert']}" in doc, f"docs/monitoring.md has no runbook for {rule['alert']}"
+
+
+# --- the autoscaling signal: prometheus-adapter and KEDA ---------------------------------------------
+
+
+def test_recording_rules_and_adapter_values_are_generated() -> None:
+    assert RECORDING.read_text() == recording_rules_file(), "stale: run `make generate`"
+    assert (REPO / ADAPTER_VALUES).read_text() == adapter_values_file(), "stale: run `make generate`"
+    assert yaml.safe_load(adapter_values_file()) == {"rules": {"custom": recording.adapter_rules()}}
+
+
+@pytest.mark.parametrize("namespace", ["", "monitoring"])
+def test_the_adapter_configmap_is_the_adapter_config(namespace: str) -> None:
+    sets = ["prometheusAdapter.configMap.enabled=true"]
+    if namespace:
+        sets.append(f"prometheusAdapter.configMap.namespace={namespace}")
+    config_map = one(render(None, *sets), "ConfigMap", "qwen-operator-prometheus-adapter")
+    assert config_map["metadata"]["namespace"] == (namespace or "qwen-operator-system")
+    assert yaml.safe_load(config_map["data"]["config.yaml"]) == recording.adapter_config()
+
+
+def _adapter_query(rule: dict[str, Any], matchers: str, group_by: str) -> str:
+    """The query prometheus-adapter makes of a rule's metricsQuery template for one request."""
+    series = rule["seriesQuery"].split("{", 1)[0]
+    template = rule["metricsQuery"]
+    return (
+        template.replace("<<.Series>>", series)
+        .replace("<<.LabelMatchers>>", matchers)
+        .replace("<<.GroupBy>>", group_by)
+    )
+
+
+def test_adapter_and_keda_queries_read_the_engine_queue(tmp_path: Path) -> None:
+    """The HPA's per-pod value (the adapter's query) and KEDA's total, from vLLM series, in promtool."""
+    (rule,) = recording.adapter_rules()
+    assert rule["name"]["as"] == recording.ADAPTER_METRIC
+    assert re.fullmatch(rule["name"]["matches"], recording.ENGINE_QUEUE_DEPTH)
+    assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+    pods = ["chat-engine-6d4b9c7f8-abcde", "chat-engine-6d4b9c7f8-fghij"]
+    labels = f'namespace="llm",{recording.DEPLOYMENT_LABEL}="chat",engine="0"'
+    series = [
+        {"series": f'{recording.VLLM_WAITING}{{{labels},pod="{pod}"}}', "values": f"{n}x10"}
+        for pod, n in zip(pods, (3, 5), strict=True)
+    ]
+    matchers = f'namespace="llm",pod=~"{"|".join(pods)}"'
+    test = {
+        "rule_files": ["qwen-recording.rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": _adapter_query(rule, matchers, "pod"),
+                        "eval_time": "5m",
+                        "exp_samples": [
+                            {"labels": f'{{pod="{p}"}}', "value": v}
+                            for p, v in zip(pods, (3, 5), strict=True)
+                        ],
+                    },
+                    {
+                        "expr": recording.deployment_queue_query("llm", "chat"),
+                        "eval_time": "5m",
+                        "exp_samples": [{"labels": "{}", "value": 8}],
+                    },
+                ],
+            }
+        ],
+    }
+    (tmp_path / "qwen-recording.rules.yaml").write_text(recording_rules_file())
+    (tmp_path / "adapter.test.yaml").write_text(yaml.safe_dump(test))
+    result = run_promtool("test", "rules", "adapter.test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_scaling_builders_read_the_recorded_names() -> None:
+    """The HPA's metric and KEDA's query (api/queueing.py) name what recording.py records and serves."""
+    queueing = pytest.importorskip("qwen_operator.api.queueing")
+    assert queueing.QUEUE_METRIC == recording.VLLM_WAITING
+    assert queueing.QUEUE_RECORDING == recording.ENGINE_QUEUE_DEPTH
+    assert queueing.DEPLOYMENT_LABEL == recording.DEPLOYMENT_LABEL
+    assert queueing.HPA_METRIC == recording.ADAPTER_METRIC
+    assert queueing.keda_query("llm", "chat") == recording.deployment_queue_query("llm", "chat")
+
+
+def test_the_documented_autoscaling_signal_is_the_generated_one() -> None:
+    doc = MONITORING_DOC.read_text()
+    assert "\n## Autoscaling signal\n" in doc
+    section = doc.split("\n## Autoscaling signal\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    assert yaml.safe_load(blocks[0]) == recording.adapter_chart_values()
+    assert recording.deployment_queue_query("<namespace>", "<name>") in section
+    for name in (recording.ENGINE_QUEUE_DEPTH, recording.ADAPTER_METRIC, recording.VLLM_WAITING):
+        assert f"`{name}`" in section
 
 
 # --- dashboard -------------------------------------------------------------------------------------
@@ -271,9 +500,12 @@ def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
 def test_dashboard_covers_what_operators_watch() -> None:
     text = " ".join(dashboard_exprs())
     for needle in (
-        "vllm:num_requests_waiting",
+        "qwen_deployment:queue_depth:sum",
+        "qwen_engine:queue_depth",
         "vllm:num_requests_running",
-        "vllm:kv_cache_usage_perc",
+        "qwen_deployment:kv_cache_usage:max",
+        "qwen_engine:kv_cache_usage",
+        "qwen_deployment:ttft_seconds:p99",
         "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket",
         "histogram_quantile(0.99, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket",
         "rate(vllm:generation_tokens_total",

@@ -1,11 +1,16 @@
 """The capacity planner against numbers computed by hand (bytes, not rounded GiB, wherever possible).
 
-Constants used below (catalog.py):
-    GiB = 1024**3 = 1,073,741,824 B; MiB = 1,048,576 B; runtime overhead = 5.5 GiB = 5,905,580,032 B.
-    Qwen3-32B: 64 layers, 64 query heads, 8 KV heads, head_dim 128; bf16 weights 65,530,000,000 B,
-    FP8 checkpoint 34,350,000,000 B, AWQ checkpoint 19,340,000,000 B.
-    GPU memory as the driver reports it: A100-80GB 81,920 MiB, A100-40GB 40,960 MiB,
-    H100-80GB 81,559 MiB, L40S-48GB 46,068 MiB.
+Constants used below (catalog.py, plan.py):
+    GiB = 1024**3 = 1,073,741,824 B; MiB = 1,048,576 B.
+    Qwen3-32B: 64 layers, 64 query heads, 8 KV heads, head_dim 128, hidden 5120, vocabulary 151,936;
+    bf16 weights 65,530,000,000 B, FP8 checkpoint 34,350,000,000 B, AWQ checkpoint 19,340,000,000 B.
+    GPU memory as CUDA reports it: A100-80GB int(79.14 GiB) = 84,975,927,951 B, A100-40GB int(39.50 GiB)
+    = 42,412,802,048 B, H100-80GB int(79.11 GiB) = 84,943,715,696 B, L40S-48GB int(44.42 GiB)
+    = 47,695,611,822 B, H200 143,156 MiB = 150,109,945,856 B.
+    Runtime per GPU (measured by tools/measure/activation_peak.py, see docs/capacity-planning.md):
+    forward 184,328 / 117,768 / 79,368 B per batched token at TP 1 / 2 / 4; sampler 14.07 B x rows x
+    151,936 + 10,240 B x batched tokens (hidden states); non-torch int(0.15 GiB) = 161,061,273 B plus
+    as much per TP peer; CUDA graphs int(1.86 GiB) = 1,997,159,792 B. KV tokens in 16-token blocks.
 """
 
 from __future__ import annotations
@@ -15,7 +20,15 @@ from typing import Any
 import pytest
 
 from qwen_operator.api.catalog import GIB, MODELS
-from qwen_operator.api.plan import RUNTIME_OVERHEAD_BYTES, Plan, make_plan, yarn_for
+from qwen_operator.api.plan import (
+    CUDA_GRAPH_BYTES,
+    Plan,
+    activation_bytes_per_token,
+    make_plan,
+    prefill_step_flops,
+    runtime_memory,
+    yarn_for,
+)
 from qwen_operator.api.spec import QwenDeploymentSpec, parse
 from support import example
 
@@ -83,17 +96,19 @@ def test_a100_80gb_tp2_bf16_example_by_hand() -> None:
     # weights per GPU: 65,530,000,000 B / TP 2 = 32,765,000,000 B = 30.51 GiB
     assert plan.weights_bytes_per_gpu == 32_765_000_000
     assert round(plan.weights_bytes_per_gpu / GIB, 2) == 30.51
-    # usable per GPU: 81,920 MiB x 0.90 = 73,728 MiB = 72 GiB = 77,309,411,328 B
-    # KV budget per GPU: 77,309,411,328 - 32,765,000,000 - 5,905,580,032 (5.5 GiB overhead)
-    #                  = 38,638,831,296 B (35.99 GiB)
-    assert RUNTIME_OVERHEAD_BYTES == 5_905_580_032
-    assert plan.kv_budget_bytes_per_gpu == 38_638_831_296
+    # usable per GPU: 84,975,927,951 x 0.90 = 76,478,335,155 B
+    # runtime: forward 8,192 x 117,768 = 964,755,456 B; sampler 14.07 x 128 x 151,936 + 8,192 x 10,240
+    # = 357,516,738 B (the forward is the peak); non-torch 2 x 161,061,273 = 322,122,546 B; CUDA graphs
+    # 1,997,159,792 B; in all 3,284,037,794 B (3.06 GiB)
+    assert plan.runtime is not None and plan.runtime.total_bytes == 3_284_037_794
+    # KV budget per GPU: 76,478,335,155 - 32,765,000,000 - 3,284,037,794 = 40,429,297,361 B (37.65 GiB)
+    assert plan.kv_budget_bytes_per_gpu == 40_429_297_361
     # KV per token: 2 x 64 x 8 x 128 x 2 = 262,144 B; each GPU holds 1/2 of the KV heads, so
-    # tokens per replica = budget x 2 / 262,144 = 294,790.9 -> 294,790
+    # tokens per replica = budget x 2 / 262,144 = 308,451.7 -> 19,278 blocks of 16 = 308,448
     assert plan.kv_bytes_per_token == 262_144
-    assert plan.kv_tokens_per_replica == 294_790
-    # full 32,768-token requests at once: 294,790 // 32,768 = 8 (8.996)
-    assert plan.max_concurrent_at_max_model_len == 8
+    assert plan.kv_tokens_per_replica == 308_448
+    # full 32,768-token requests at once: 308,448 // 32,768 = 9 (9.41)
+    assert plan.max_concurrent_at_max_model_len == 9
     assert (plan.tensor_parallel_size, plan.gpus_per_replica, plan.max_model_len) == (2, 2, 32_768)
     assert plan.yarn is None and plan.quantization is None
     assert plan.fits and plan.warnings == []
@@ -103,13 +118,15 @@ def test_h100_fp8_128k_example_by_hand() -> None:
     plan = make_plan(parse(example("h100-80gb-tp2-fp8-128k")).spec)
     # weights per GPU: 34,350,000,000 / 2 = 17,175,000,000 B (16.00 GiB)
     assert plan.weights_bytes_per_gpu == 17_175_000_000
-    # usable: 81,559 MiB = 85,520,809,984 B x 0.9 = 76,968,728,985 B (71.68 GiB)
-    # budget: 76,968,728,985 - 17,175,000,000 - 5,905,580,032 = 53,888,148,953 B (50.19 GiB)
-    assert plan.kv_budget_bytes_per_gpu == 53_888_148_953
-    # fp8 KV: 131,072 B per token; tokens = 53,888,148,953 x 2 / 131,072 = 822,267.9 -> 822,267
+    # usable: 84,943,715,696 x 0.9 = 76,449,344,126 B (71.20 GiB)
+    # runtime: forward 16,384 x 117,768 = 1,929,510,912 B + non-torch 322,122,546 + CUDA graphs
+    # 1,997,159,792 = 4,248,793,250 B (3.96 GiB)
+    # budget: 76,449,344,126 - 17,175,000,000 - 4,248,793,250 = 55,025,550,876 B (51.25 GiB)
+    assert plan.kv_budget_bytes_per_gpu == 55_025_550_876
+    # fp8 KV: 131,072 B per token; tokens = 55,025,550,876 x 2 / 131,072 = 839,623 -> 839,616 (blocks)
     assert plan.kv_bytes_per_token == 131_072
-    assert plan.kv_tokens_per_replica == 822_267
-    # 822,267 // 131,072 = 6 full-length requests
+    assert plan.kv_tokens_per_replica == 839_616
+    # 839,616 // 131,072 = 6 full-length requests
     assert plan.max_concurrent_at_max_model_len == 6
     # 131,072 > 32,768: YaRN, factor 4 (131,072 / 32,768), original window 32,768
     assert plan.yarn is not None
@@ -122,11 +139,13 @@ def test_l40s_awq_example_by_hand() -> None:
     plan = make_plan(parse(example("l40s-48gb-tp1-awq")).spec)
     # AWQ weights on one GPU: 19,340,000,000 B (18.01 GiB)
     assert plan.weights_bytes_per_gpu == 19_340_000_000
-    # usable: 46,068 MiB = 48,305,799,168 B x 0.9 = 43,475,219,251 B
-    # budget: 43,475,219,251 - 19,340,000,000 - 5,905,580,032 = 18,229,639,219 B (16.98 GiB)
-    assert plan.kv_budget_bytes_per_gpu == 18_229_639_219
-    # tokens: 18,229,639,219 / 262,144 = 69,540.6 -> 69,540; 69,540 // 32,768 = 2
-    assert plan.kv_tokens_per_replica == 69_540
+    # usable: 47,695,611,822 x 0.9 = 42,926,050,639 B
+    # runtime at TP 1, 8,192 batched tokens (the default): forward 8,192 x 184,328 = 1,510,014,976 B
+    # + non-torch 161,061,273 + CUDA graphs 1,997,159,792 = 3,668,236,041 B (3.42 GiB)
+    # budget: 42,926,050,639 - 19,340,000,000 - 3,668,236,041 = 19,917,814,598 B (18.55 GiB)
+    assert plan.kv_budget_bytes_per_gpu == 19_917_814_598
+    # tokens: 19,917,814,598 / 262,144 = 75,980.6 -> 75,968 (blocks); 75,968 // 32,768 = 2
+    assert plan.kv_tokens_per_replica == 75_968
     assert plan.max_concurrent_at_max_model_len == 2
     assert plan.quantization == "awq_marlin" and plan.fits
 
@@ -136,39 +155,54 @@ def test_l40s_awq_example_by_hand() -> None:
 
 def test_bf16_on_two_a100_40gb_does_not_fit() -> None:
     plan = plan_for(gpu={"type": "A100-40GB"})
-    # usable: 40,960 MiB x 0.9 = 36 GiB; needed: 30.51 GiB weights + 5.5 GiB = 36.01 GiB > 36.00 GiB
+    # usable: 42,412,802,048 x 0.9 = 38,171,521,843 B (35.55 GiB); weights 30.51 GiB + runtime 3.06 GiB
+    # leave 2,122,484,049 B (1.98 GiB): 16,192 tokens, less than one 32,768-token sequence (8 GiB)
     assert not plan.fits
+    assert plan.kv_tokens_per_replica == 16_192
+    (message,) = errors_at(plan, "spec.engine.maxModelLen")
+    assert "one 32768-token sequence needs 8.00 GiB of KV cache but a replica has 3.95 GiB" in message
+    assert "after 30.51 GiB of weights and 3.06 GiB runtime" in message
+
+
+def test_no_room_for_the_weights_is_a_gpu_error_naming_the_runtime_terms() -> None:
+    plan = plan_for(gpu={"type": "A100-40GB"}, engine={"gpuMemoryUtilization": 0.8})
+    # usable: 42,412,802,048 x 0.8 = 33,930,241,638 B (31.60 GiB) < 30.51 GiB weights + 3.06 GiB runtime
     (message,) = errors_at(plan, "spec.gpu.type")
-    assert "weights need 30.51 GiB per GPU plus 5.50 GiB runtime = 36.01 GiB" in message
-    assert "A100-40GB offers 36.00 GiB at gpuMemoryUtilization 0.9" in message
+    assert (
+        "weights need 30.51 GiB per GPU plus 3.06 GiB runtime (activations of 8192 batched tokens" in message
+    )
+    assert "A100-40GB offers 31.60 GiB at gpuMemoryUtilization 0.8" in message
     assert plan.kv_budget_bytes_per_gpu == 0 and plan.kv_tokens_per_replica == 0
 
 
 def test_bf16_on_four_a100_40gb_fits() -> None:
     plan = plan_for(gpu={"type": "A100-40GB"}, parallelism={"tensor": 4})
-    # weights 65.53e9 / 4 = 16,382,500,000 B; budget 38,654,705,664 - 16,382,500,000 - 5,905,580,032
-    # = 16,366,625,632 B; tokens = x 4 / 262,144 = 249,734.9 -> 249,734; // 32,768 = 7
-    assert plan.kv_budget_bytes_per_gpu == 16_366_625_632
-    assert plan.kv_tokens_per_replica == 249_734
-    assert plan.max_concurrent_at_max_model_len == 7
+    # weights 65.53e9 / 4 = 16,382,500,000 B; runtime: forward 8,192 x 79,368 = 650,182,656 B, sampler
+    # 14.07 x 256 x 151,936 + 83,886,080 = 631,147,397 B (smaller), non-torch 4 x 161,061,273
+    # = 644,245,092 B, CUDA graphs 1,997,159,792 B: 3,291,587,540 B
+    # budget 38,171,521,843 - 16,382,500,000 - 3,291,587,540 = 18,497,434,303 B
+    # tokens = x 4 / 262,144 = 282,248 -> 282,240 (blocks); // 32,768 = 8
+    assert plan.kv_budget_bytes_per_gpu == 18_497_434_303
+    assert plan.kv_tokens_per_replica == 282_240
+    assert plan.max_concurrent_at_max_model_len == 8
     assert plan.fits
 
 
 def test_bf16_tp1_on_a100_80gb_cannot_hold_one_full_sequence() -> None:
     plan = plan_for(parallelism={"tensor": 1})
-    # budget: 77,309,411,328 - 65,530,000,000 - 5,905,580,032 = 5,873,831,296 B (5.47 GiB)
-    # tokens: 5,873,831,296 / 262,144 = 22,406.9 -> 22,406 < 32,768 (one sequence needs 8 GiB)
-    assert plan.kv_tokens_per_replica == 22_406
+    # budget: 76,478,335,155 - 65,530,000,000 - 3,668,236,041 = 7,280,099,114 B (6.78 GiB)
+    # tokens: 7,280,099,114 / 262,144 = 27,771.4 -> 27,760 < 32,768 (one sequence needs 8 GiB)
+    assert plan.kv_tokens_per_replica == 27_760
     (message,) = errors_at(plan, "spec.engine.maxModelLen")
     assert (
-        "one 32768-token sequence needs 8.00 GiB of KV cache but a replica has 5.47 GiB (22406 tokens)"
+        "one 32768-token sequence needs 8.00 GiB of KV cache but a replica has 6.78 GiB (27760 tokens)"
         in message
     )
 
 
 def test_one_full_request_fits_but_warns() -> None:
     plan = plan_for(parallelism={"tensor": 1}, engine={"maxModelLen": 16_384})
-    # 22,406 // 16,384 = 1 request at full length: allowed, with a warning
+    # 27,760 // 16,384 = 1 request at full length: allowed, with a warning
     assert plan.fits and plan.max_concurrent_at_max_model_len == 1
     assert any(
         "only 1 request(s) of 16384 tokens fit at once" in w
@@ -186,20 +220,21 @@ def test_fp8_kv_cache_doubles_tokens() -> None:
 
 def test_gpu_memory_utilization_changes_the_budget() -> None:
     plan = plan_for(engine={"gpuMemoryUtilization": 0.8})
-    # usable: 85,899,345,920 x 0.8 = 68,719,476,736 (64 GiB); budget = 68,719,476,736 - 32,765,000,000
-    # - 5,905,580,032 = 30,048,896,704; tokens = x 2 / 262,144 = 229,254.9 -> 229,254
-    assert plan.kv_budget_bytes_per_gpu == 30_048_896_704
-    assert plan.kv_tokens_per_replica == 229_254
+    # usable: 84,975,927,951 x 0.8 = 67,980,742,360; budget = 67,980,742,360 - 32,765,000,000
+    # - 3,284,037,794 = 31,931,704,566; tokens = x 2 / 262,144 = 243,619 -> 243,616 (blocks)
+    assert plan.kv_budget_bytes_per_gpu == 31_931_704_566
+    assert plan.kv_tokens_per_replica == 243_616
 
 
 def test_pipeline_parallelism_splits_weights_and_layers() -> None:
     plan = plan_for(parallelism={"tensor": 2, "pipeline": 2})
-    # 4 GPUs: weights 65,530,000,000 / 4 = 16,382,500,000 B each; KV budget per GPU
-    # 77,309,411,328 - 16,382,500,000 - 5,905,580,032 = 55,021,331,296; each GPU holds 1/2 of the KV
-    # heads of 1/2 of the layers: tokens = 55,021,331,296 x 4 / 262,144 = 839,558.9 -> 839,558
+    # 4 GPUs: weights 65,530,000,000 / 4 = 16,382,500,000 B each; runtime as at TP 2 (each stage runs
+    # all batched tokens through its layers): 3,284,037,794 B; KV budget per GPU 76,478,335,155
+    # - 16,382,500,000 - 3,284,037,794 = 56,811,797,361; each GPU holds 1/2 of the KV heads of 1/2 of
+    # the layers: tokens = 56,811,797,361 x 4 / 262,144 = 866,879 -> 866,864 (blocks)
     assert plan.gpus_per_replica == 4
     assert plan.weights_bytes_per_gpu == 16_382_500_000
-    assert plan.kv_tokens_per_replica == 839_558
+    assert plan.kv_tokens_per_replica == 866_864
 
 
 def test_draft_model_weights_count() -> None:
@@ -207,6 +242,52 @@ def test_draft_model_weights_count() -> None:
     # (65,530,000,000 + 1,500,000,000) / 2 = 33,515,000,000 B per GPU
     assert plan.weights_bytes_per_gpu == 33_515_000_000
     assert plan.fits and plan.warnings == []
+
+
+@pytest.mark.parametrize(
+    ("draft", "layers", "kib"),
+    [("Qwen/Qwen3-0.6B", 28, 112), ("Qwen/Qwen3-1.7B", 28, 112), ("Qwen/Qwen3-4B", 36, 144)],
+)
+def test_draft_model_kv_cache_shares_the_pool(draft: str, layers: int, kib: int) -> None:
+    plan = plan_for(engine={"speculative": {"method": "draft_model", "model": draft}})
+    # the drafter's layers (config.json: 28 or 36 layers, 8 KV heads of 128) hold K and V of every token
+    # in the same pool: 2 x layers x 8 x 128 x 2 B
+    assert plan.draft_kv_bytes_per_token == 2 * layers * 8 * 128 * 2 == kib * 1024
+    assert plan.kv_bytes_per_token == 262_144 + kib * 1024
+
+
+def test_draft_model_kv_cache_lowers_the_tokens() -> None:
+    plan = plan_for(engine={"speculative": {"method": "draft_model", "model": "Qwen/Qwen3-0.6B"}})
+    # budget: 76,478,335,155 - 33,515,000,000 - 3,284,037,794 (runtime at TP 2, 256 seqs: the forward
+    # 964,755,456 is still the peak) = 39,679,297,361 B; tokens = x 2 / (262,144 + 114,688)
+    # = 210,599 -> 210,592 (blocks), 6 full 32K requests instead of 9 without the draft
+    assert plan.kv_budget_bytes_per_gpu == 39_679_297_361
+    assert plan.kv_tokens_per_replica == 210_592
+    assert plan.max_concurrent_at_max_model_len == 6
+
+
+def test_fp8_kv_cache_halves_the_draft_model_kv_too() -> None:
+    plan = plan_for(
+        gpu={"type": "H100-80GB"},
+        engine={"kvCacheDtype": "fp8", "speculative": {"method": "draft_model", "model": "Qwen/Qwen3-4B"}},
+    )
+    assert plan.draft_kv_bytes_per_token == 2 * 36 * 8 * 128 * 1
+
+
+def test_draft_model_with_yarn_context_is_refused() -> None:
+    plan = plan_for(
+        gpu={"type": "H100-80GB"},
+        engine={"maxModelLen": 65_536, "speculative": {"method": "draft_model", "model": "Qwen/Qwen3-1.7B"}},
+    )
+    # Qwen3-1.7B's config.json: max_position_embeddings 40,960, no rope scaling; vLLM 0.32 raises the
+    # rotary table to the target's length only for EAGLE drafts (config/speculative.py)
+    (message,) = errors_at(plan, "spec.engine.speculative.model")
+    assert "draft model Qwen/Qwen3-1.7B has 40960 positions and no YaRN" in message
+    assert "maxModelLen 65536" in message
+    ok = plan_for(
+        engine={"maxModelLen": 40_960, "speculative": {"method": "draft_model", "model": "Qwen/Qwen3-1.7B"}}
+    )
+    assert not errors_at(ok, "spec.engine.speculative.model")
 
 
 def test_unknown_draft_model_is_a_warning() -> None:
@@ -226,6 +307,90 @@ def test_eagle3_head_outside_the_catalog_is_a_warning() -> None:
 def test_ngram_needs_no_memory() -> None:
     plan = plan_for(engine={"speculative": {"method": "ngram"}})
     assert plan.weights_bytes_per_gpu == 32_765_000_000 and plan.warnings == []
+
+
+# --- runtime memory: activations, sampler, non-torch, CUDA graphs ----------------------------------
+
+
+def test_activation_per_batched_token_is_the_measured_one() -> None:
+    # tools/measure/activation_peak.out.txt: steady-state transient peak per token at TP 1, 2, 4
+    measured = {1: 184_328, 2: 117_768, 4: 79_368}
+    for tp, per_token in measured.items():
+        assert activation_bytes_per_token(tp) == per_token
+    # TP 8 (not measured): 6 x 25,600 / 8 + 40,968, the form of the TP 2 and TP 4 figures
+    assert measured[2] == 6 * 25_600 // 2 + 40_968 and measured[4] == 6 * 25_600 // 4 + 40_968
+    assert activation_bytes_per_token(8) == 60_168
+
+
+def test_runtime_grows_with_max_num_batched_tokens() -> None:
+    model = MODELS["Qwen/Qwen3-32B"]
+    small, large = runtime_memory(model, 2, 8_192, 256), runtime_memory(model, 2, 131_072, 256)
+    # 131,072 x 117,768 B = 15,436,087,296 B (14.38 GiB) against 0.90 GiB at 8,192
+    assert large.forward_bytes == 15_436_087_296
+    assert large.total_bytes - small.total_bytes == (131_072 - 8_192) * 117_768
+
+
+def test_sampler_pass_is_the_peak_with_many_sequences_and_a_small_batch() -> None:
+    model = MODELS["Qwen/Qwen3-32B"]
+    runtime = runtime_memory(model, 2, 2_048, 1_024)
+    # sampler int(14.07 x 1,024 x 151,936) + 2,048 x 10,240 = 2,189,045,268 + 20,971,520
+    # = 2,210,016,788 B > forward 2,048 x 117,768 = 241,188,864 B
+    assert runtime.sampler_bytes == 2_210_016_788
+    assert runtime.profile_peak_bytes == runtime.sampler_bytes > runtime.forward_bytes
+
+
+def test_enforce_eager_drops_the_cuda_graph_estimate() -> None:
+    graphs, eager = plan_for(), plan_for(engine={"extraArgs": ["--enforce-eager"]})
+    assert graphs.runtime is not None and eager.runtime is not None
+    assert graphs.runtime.cuda_graph_bytes == CUDA_GRAPH_BYTES and eager.runtime.cuda_graph_bytes == 0
+    assert eager.kv_budget_bytes_per_gpu - graphs.kv_budget_bytes_per_gpu == CUDA_GRAPH_BYTES
+
+
+def test_h200_tp1_128k_with_a_128k_batch_is_refused() -> None:
+    # issue 12: the old fixed 5.5 GiB overhead said 187,562 tokens; with the measured activations:
+    # usable 150,109,945,856 x 0.8 = 120,087,956,684 B; weights 65,530,000,000; forward
+    # 131,072 x 184,328 = 24,160,239,616 B; non-torch 161,061,273; CUDA graphs 1,997,159,792
+    # budget 28,239,496,003 B -> 107,712 tokens, less than one 131,072-token request
+    plan = plan_for(
+        gpu={"type": "H200-141GB"},
+        parallelism={"tensor": 1},
+        engine={"maxModelLen": 131_072, "maxNumBatchedTokens": 131_072, "gpuMemoryUtilization": 0.8},
+    )
+    assert plan.kv_budget_bytes_per_gpu == 28_239_496_003
+    assert plan.kv_tokens_per_replica == 107_712
+    (message,) = errors_at(plan, "spec.engine.maxModelLen")
+    assert "activations of 131072 batched tokens 22.50 GiB" in message
+
+
+# --- prefill step time ------------------------------------------------------------------------------
+
+
+def test_prefill_flops_of_a_whole_128k_prompt() -> None:
+    model = MODELS["Qwen/Qwen3-32B"]
+    linear, attention = prefill_step_flops(model, 131_072, 131_072)
+    # linear: 2 x (32.8e9 - 2 x 151,936 x 5,120) x 131,072 = 8.19e15; attention: 4 x 64 layers x 64 heads
+    # x 128 x 131,072 x 65,536 (causal half) = 1.80e16; about 26 PFLOP in all (issue 12: "about 27")
+    assert linear == pytest.approx(2 * (32.8e9 - 2 * 151_936 * 5_120) * 131_072)
+    assert attention == pytest.approx(4 * 64 * 64 * 128 * 131_072 * 65_536)
+    assert 25e15 < linear + attention < 27e15
+
+
+def test_a_128k_batch_warns_about_a_minute_long_step() -> None:
+    plan = plan_for(
+        parallelism={"tensor": 4},
+        engine={"maxModelLen": 131_072, "maxNumBatchedTokens": 131_072},
+    )
+    # 2.62e16 FLOP / 4 GPUs on A100 (312 TFLOP/s dense bf16 at 0.7 linear, 0.5 attention): about 38 s
+    assert plan.prefill_step_seconds == pytest.approx(38.2, abs=0.5)
+    (warning,) = warnings_at(plan, "spec.engine.maxNumBatchedTokens")
+    assert "a 131072-token prefill step at 131072 tokens of context takes about 38 s" in warning
+
+
+def test_default_batch_has_a_short_step_and_no_warning() -> None:
+    plan = plan_for()
+    # 8,192 tokens at 32,768 of context on 2 x A100: (5.12e14 / 218.4e12 + 4.93e14 / 156e12) / 2
+    assert plan.prefill_step_seconds == pytest.approx(2.75, abs=0.05)
+    assert not warnings_at(plan, "spec.engine.maxNumBatchedTokens")
 
 
 # --- tensor parallelism against the head counts ----------------------------------------------------
@@ -258,7 +423,16 @@ def test_replica_must_fit_on_one_node() -> None:
 
 @pytest.mark.parametrize(
     ("length", "factor"),
-    [(256, None), (32_768, None), (32_769, 2.0), (40_960, 2.0), (65_536, 2.0), (65_537, 4.0), (131_072, 4.0)],
+    [
+        (256, None),
+        (32_768, None),
+        (32_769, None),
+        (40_960, None),  # Qwen3-32B's config.json: max_position_embeddings 40960, accepted without YaRN
+        (40_961, 2.0),
+        (65_536, 2.0),
+        (65_537, 4.0),
+        (131_072, 4.0),
+    ],
 )
 def test_yarn_factor_is_the_smallest_that_covers(length: int, factor: float | None) -> None:
     yarn = yarn_for(length)
@@ -266,6 +440,12 @@ def test_yarn_factor_is_the_smallest_that_covers(length: int, factor: float | No
     if yarn:
         assert yarn.original_max_position_embeddings == 32_768
         assert yarn.factor * 32_768 >= length
+
+
+def test_no_yarn_and_no_warning_up_to_the_config_window() -> None:
+    plan = plan_for(gpu={"type": "H100-80GB"}, engine={"maxModelLen": 40_960})
+    assert plan.yarn is None
+    assert not any("YaRN" in w for w in warnings_at(plan, "spec.engine.maxModelLen"))
 
 
 def test_yarn_is_applied_and_warned_about() -> None:
@@ -285,9 +465,10 @@ def test_context_over_131072_is_refused(length: int) -> None:
 # --- quantization per GPU --------------------------------------------------------------------------
 
 
-def test_fp8_on_a100_is_weight_only_a_warning_not_an_error() -> None:
-    plan = plan_for(engine={"quantization": "fp8"})
-    assert plan.fits and plan.quantization == "fp8"
+@pytest.mark.parametrize("method", ["fp8_per_tensor", "fp8_per_block"])
+def test_online_fp8_on_a100_is_weight_only_a_warning_not_an_error(method: str) -> None:
+    plan = plan_for(engine={"quantization": method})
+    assert not errors_at(plan, "spec.engine.quantization") and plan.quantization == method
     (warning,) = warnings_at(plan, "spec.engine.quantization")
     assert "A100-80GB (Ampere) has no FP8 tensor cores: FP8 runs weight-only" in warning
     # bf16 weights quantized at load: 65,530,000,000 x (34,350,000,000 / 65,530,000,000) / 2 = 17,175,000,000
@@ -306,11 +487,38 @@ def test_fp8_on_fp8_hardware_has_no_warning(gpu: str) -> None:
     assert not warnings_at(plan, "spec.engine.quantization")
 
 
-def test_fp8_kv_cache_needs_fp8_hardware() -> None:
-    plan = plan_for(engine={"kvCacheDtype": "fp8"})
-    (message,) = errors_at(plan, "spec.engine.kvCacheDtype")
-    assert "fp8 KV cache needs FP8 hardware (Ada or Hopper); A100-80GB is Ampere" in message
-    assert plan_for(gpu={"type": "L40S-48GB"}, engine={"kvCacheDtype": "fp8"}).fits
+@pytest.mark.parametrize(
+    ("gpu", "architecture", "sm"),
+    [
+        ("A100-80GB", "Ampere", "8.0"),
+        ("A10-24GB", "Ampere", "8.6"),
+        ("L40S-48GB", "Ada", "8.9"),
+        ("RTX-4090-24GB", "Ada", "8.9"),
+        ("RTX-PRO-6000-Blackwell-96GB", "Blackwell", "12.0"),
+    ],
+)
+def test_fp8_kv_cache_without_flash_attention_is_a_warning(gpu: str, architecture: str, sm: str) -> None:
+    # vLLM 0.32: FlashAttention stores an fp8 KV cache only on sm90 (FA3) or sm100 (FA4)
+    # (vllm/v1/attention/backends/fa_utils.py); elsewhere FlashInfer (sm80-sm121) or Triton serve it,
+    # with k/v scales of 1.0 when the checkpoint has none (model_executor/layers/quantization/kv_cache.py).
+    plan = plan_for(
+        model={"name": "Qwen/Qwen3-32B-AWQ"},
+        gpu={"type": gpu},
+        parallelism={"tensor": 2},
+        engine={"kvCacheDtype": "fp8"},
+    )
+    assert not errors_at(plan, "spec.engine.kvCacheDtype")
+    (warning,) = warnings_at(plan, "spec.engine.kvCacheDtype")
+    assert f"fp8 KV cache on {gpu} ({architecture}, sm {sm})" in warning
+    assert "FlashInfer (or Triton without FlashInfer)" in warning
+    assert "they are 1.0" in warning
+    assert plan.kv_bytes_per_token == 131_072
+
+
+@pytest.mark.parametrize("gpu", ["H100-80GB", "H100-NVL-94GB", "H200-141GB", "B200-180GB"])
+def test_fp8_kv_cache_on_flash_attention_gpus_has_no_warning(gpu: str) -> None:
+    plan = plan_for(gpu={"type": gpu}, engine={"kvCacheDtype": "fp8"})
+    assert not warnings_at(plan, "spec.engine.kvCacheDtype")
 
 
 @pytest.mark.parametrize(
@@ -318,7 +526,8 @@ def test_fp8_kv_cache_needs_fp8_hardware() -> None:
     [
         ("Qwen/Qwen3-32B", None, None),
         ("Qwen/Qwen3-32B", "none", None),
-        ("Qwen/Qwen3-32B", "fp8", "fp8"),
+        ("Qwen/Qwen3-32B", "fp8_per_tensor", "fp8_per_tensor"),
+        ("Qwen/Qwen3-32B", "fp8_per_block", "fp8_per_block"),
         ("Qwen/Qwen3-32B-FP8", None, "fp8"),
         ("Qwen/Qwen3-32B-AWQ", None, "awq"),
         ("Qwen/Qwen3-32B-AWQ", "awq_marlin", "awq_marlin"),
@@ -336,7 +545,10 @@ def test_served_quantization(model: str, quantization: str | None, expected: str
     [
         ("Qwen/Qwen3-32B", "awq", "bf16"),
         ("Qwen/Qwen3-32B", "gptq", "bf16"),
+        ("Qwen/Qwen3-32B", "gptq_marlin", "bf16"),
+        ("Qwen/Qwen3-32B", "fp8", "bf16"),
         ("Qwen/Qwen3-32B-FP8", "none", "fp8"),
+        ("Qwen/Qwen3-32B-FP8", "fp8_per_tensor", "fp8"),
         ("Qwen/Qwen3-32B-FP8", "awq", "fp8"),
         ("Qwen/Qwen3-32B-AWQ", "fp8", "awq"),
     ],
@@ -348,11 +560,133 @@ def test_quantization_must_match_the_checkpoint(model: str, quantization: str, s
     assert f"not {quantization}" in message
 
 
+def test_fp8_on_the_bf16_checkpoint_names_the_online_methods() -> None:
+    plan = plan_for(gpu={"type": "H100-80GB"}, engine={"quantization": "fp8"})
+    (message,) = errors_at(plan, "spec.engine.quantization")
+    assert "fp8 serves a checkpoint stored in FP8 (Qwen/Qwen3-32B-FP8)" in message
+    assert "use fp8_per_tensor or fp8_per_block" in message
+
+
+@pytest.mark.parametrize("method", ["gptq", "gptq_marlin"])
+def test_gptq_without_a_declared_checkpoint_says_how_to_declare_one(method: str) -> None:
+    plan = plan_for(gpu={"type": "H100-80GB"}, engine={"quantization": method})
+    (message,) = errors_at(plan, "spec.engine.quantization")
+    assert f"{method} needs a GPTQ checkpoint and the catalog has none" in message
+    assert "spec.model.checkpoint (quantization: gptq, weightSize)" in message
+
+
 def test_unknown_model_is_refused_before_anything_else() -> None:
     plan = plan_for(model={"name": "Qwen/Qwen3-32B-Instruct"}, parallelism={"tensor": 3})
     (message,) = errors_at(plan, "spec.model.name")
     assert "supported: Qwen/Qwen3-32B, Qwen/Qwen3-32B-FP8, Qwen/Qwen3-32B-AWQ" in message
+    assert "declare a community Qwen3-32B checkpoint in spec.model.checkpoint" in message
     assert len(plan.errors) == 1
+
+
+# --- community checkpoints -------------------------------------------------------------------------
+
+GPTQ = {"name": "someone/Qwen3-32B-GPTQ-Int4", "checkpoint": {"quantization": "gptq", "weightSize": "19.5G"}}
+
+
+@pytest.mark.parametrize(
+    ("quantization", "served"), [(None, "gptq"), ("gptq", "gptq"), ("gptq_marlin", "gptq_marlin")]
+)
+def test_a_declared_gptq_checkpoint_is_planned_like_a_catalog_model(
+    quantization: str | None, served: str
+) -> None:
+    engine = {"quantization": quantization} if quantization else {}
+    plan = plan_for(model=GPTQ, gpu={"type": "L40S-48GB"}, parallelism={"tensor": 1}, engine=engine)
+    assert not errors_at(plan, "spec.engine.quantization") and not errors_at(plan, "spec.model.name")
+    assert plan.quantization == served
+    # the declared size: 19.5G = 19,500,000,000 B on one GPU; KV per token as for any Qwen3-32B
+    assert plan.weights_bytes_per_gpu == 19_500_000_000
+    assert plan.kv_bytes_per_token == 262_144
+
+
+def test_a_declared_checkpoint_is_checked_against_its_own_storage() -> None:
+    plan = plan_for(model=GPTQ, gpu={"type": "H100-80GB"}, engine={"quantization": "awq"})
+    (message,) = errors_at(plan, "spec.engine.quantization")
+    assert (
+        "someone/Qwen3-32B-GPTQ-Int4 is stored as gptq; it can be served with gptq, gptq_marlin, not awq"
+        in message
+    )
+
+
+def test_a_declared_bf16_checkpoint_takes_online_fp8() -> None:
+    model = {
+        "name": "someone/Qwen3-32B-abliterated",
+        "checkpoint": {"quantization": "bf16", "weightSize": "65.53G"},
+    }
+    plan = plan_for(model=model, gpu={"type": "H100-80GB"}, engine={"quantization": "fp8_per_block"})
+    assert not errors_at(plan, "spec.engine.quantization")
+    # online FP8 keeps the FP8 checkpoint's ratio: 65,530,000,000 x 34.35/65.53 / 2 = 17,175,000,000
+    assert plan.weights_bytes_per_gpu == 17_175_000_000
+
+
+def test_a_catalog_model_cannot_be_redeclared() -> None:
+    model = {"name": "Qwen/Qwen3-32B", "checkpoint": {"quantization": "gptq", "weightSize": "19G"}}
+    plan = plan_for(model=model)
+    (message,) = errors_at(plan, "spec.model.checkpoint")
+    assert "Qwen/Qwen3-32B is in the catalog" in message
+    assert len(plan.errors) == 1
+
+
+# --- a GPU the catalog lacks -----------------------------------------------------------------------
+
+GH200 = {
+    "type": "Custom",
+    "custom": {
+        "name": "GH200-96GB",
+        "memory": "94.5Gi",
+        "computeCapability": "9.0",
+        "productLabels": ["NVIDIA-GH200-480GB"],
+    },
+}
+
+
+def test_a_declared_gpu_is_planned_from_its_declared_facts() -> None:
+    spec = spec_of(
+        {
+            "model": {"name": "Qwen/Qwen3-32B-FP8"},
+            "gpu": GH200,
+            "parallelism": {"tensor": 1},
+            "engine": {"kvCacheDtype": "fp8"},
+        }
+    )
+    gpu = spec.gpu.info()
+    # 94.5 Gi = 94.5 x 1,073,741,824 = 101,468,602,368 B; sm 9.0: FP8 tensor cores, FlashAttention 3 fp8 KV
+    assert gpu.memory_bytes == 101_468_602_368
+    assert gpu.fp8_compute and gpu.architecture == "Hopper" and gpu.fp8_kv_backend is None
+    plan = make_plan(spec)
+    assert plan.gpu == "GH200-96GB"
+    assert not warnings_at(plan, "spec.engine.quantization") and not warnings_at(
+        plan, "spec.engine.kvCacheDtype"
+    )
+
+
+def test_a_declared_ampere_gpu_gets_the_ampere_checks() -> None:
+    a6000 = {
+        "name": "RTX-A6000",
+        "memory": "47.4Gi",
+        "computeCapability": "8.6",
+        "productLabels": ["NVIDIA-RTX-A6000"],
+    }
+    plan = plan_for(
+        model={"name": "Qwen/Qwen3-32B-FP8"},
+        gpu={"type": "Custom", "custom": a6000},
+        engine={"kvCacheDtype": "fp8"},
+    )
+    assert "RTX-A6000 (Ampere) has no FP8 tensor cores" in warnings_at(plan, "spec.engine.quantization")[0]
+    assert "fp8 KV cache on RTX-A6000 (Ampere, sm 8.6)" in warnings_at(plan, "spec.engine.kvCacheDtype")[0]
+
+
+def test_fp8_compute_can_be_declared_against_the_capability_default() -> None:
+    custom = {**GH200["custom"], "computeCapability": "8.0", "fp8Compute": True}
+    assert (
+        spec_of({"model": {"name": "Qwen/Qwen3-32B"}, "gpu": {"type": "Custom", "custom": custom}})
+        .gpu.info()
+        .fp8_compute
+    )
 
 
 # --- batching --------------------------------------------------------------------------------------
@@ -363,6 +697,16 @@ def test_chunked_prefill_off_needs_a_budget_of_max_model_len() -> None:
     (message,) = errors_at(plan, "spec.engine.maxNumBatchedTokens")
     assert "32767 is below maxModelLen 32768 with chunked prefill off" in message
     assert plan_for(engine={"enableChunkedPrefill": False, "maxNumBatchedTokens": 32_768}).fits
+
+
+def test_chunked_prefill_off_is_allowed_with_a_loud_warning() -> None:
+    # vllm/engine/arg_utils.py: "This model does not officially support disabling chunked prefill.
+    # Disabling this manually may cause the engine to crash or produce incorrect outputs."
+    plan = plan_for(engine={"enableChunkedPrefill": False, "maxNumBatchedTokens": 32_768})
+    assert plan.fits
+    (warning,) = warnings_at(plan, "spec.engine.enableChunkedPrefill")
+    assert "may crash or produce incorrect outputs" in warning
+    assert not warnings_at(plan_for(), "spec.engine.enableChunkedPrefill")
 
 
 def test_chunked_prefill_on_allows_a_small_budget() -> None:
@@ -379,12 +723,32 @@ def test_every_error_is_reported_not_only_the_first() -> None:
     plan = plan_for(
         gpu={"type": "A100-80GB"},
         engine={
-            "kvCacheDtype": "fp8",
             "quantization": "awq",
             "maxModelLen": 200_000,
             "enableChunkedPrefill": False,
         },
     )
     paths = {p for p, _ in plan.errors}
-    assert {"spec.engine.kvCacheDtype", "spec.engine.quantization", "spec.engine.maxModelLen"} <= paths
+    assert {"spec.engine.quantization", "spec.engine.maxModelLen"} <= paths
     assert "spec.engine.maxNumBatchedTokens" in paths
+
+
+# --- the gateway's request timeout -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("max_model_len", "seconds"),
+    [
+        # maxModelLen / 20 tokens/s + 120 s, rounded up to whole minutes:
+        (32_768, 1_800),  # 1,638.4 + 120 = 1,758.4 -> 1,800 (30 min: a 32K reasoning output at 22-36 tok/s)
+        (131_072, 6_720),  # 6,553.6 + 120 = 6,673.6 -> 6,720
+        (1_024, 180),  # 51.2 + 120 = 171.2 -> 180
+    ],
+)
+def test_request_timeout_default_covers_a_full_length_generation(max_model_len: int, seconds: int) -> None:
+    plan = plan_for(gpu={"type": "H100-80GB"}, engine={"maxModelLen": max_model_len})
+    assert plan.request_timeout_seconds == seconds
+
+
+def test_request_timeout_set_by_the_user_is_kept() -> None:
+    assert plan_for(gateway={"requestTimeoutSeconds": 600}).request_timeout_seconds == 600

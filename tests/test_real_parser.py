@@ -54,7 +54,11 @@ def _variant(base: str, **changes: Any) -> dict[str, Any]:
 VARIANTS: dict[str, dict[str, Any]] = {
     "yarn-factor-2": _variant("h100-80gb-tp2-fp8-128k", engine={"maxModelLen": 65_536, "speculative": None}),
     "yarn-100k-factor-4": _variant("h100-80gb-tp2-fp8-128k", engine={"maxModelLen": 100_000}),
-    "online-fp8-on-a100": _variant("a100-80gb-tp2-bf16", engine={"quantization": "fp8"}),
+    "online-fp8-per-tensor": _variant("a100-80gb-tp2-bf16", engine={"quantization": "fp8_per_tensor"}),
+    "online-fp8-per-block": _variant("a100-80gb-tp2-bf16", engine={"quantization": "fp8_per_block"}),
+    "no-yarn-at-40960": _variant(
+        "h100-80gb-tp2-fp8-128k", engine={"maxModelLen": 40_960, "speculative": None}
+    ),
     "awq-default-quantization": _variant(
         "l40s-48gb-tp1-awq", engine={"maxModelLen": 16_384, "maxNumSeqs": 32}
     ),

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from pydantic import ValidationError
 
 from qwen_operator.api import spec as api
+from qwen_operator.api.catalog import GIB, GPUS, MIB
 from qwen_operator.api.crd import crd
 from qwen_operator.api.spec import SpecError, field_path, parse
 from support import EXAMPLES, example, load
@@ -272,3 +273,105 @@ def test_wrong_api_version_or_kind() -> None:
 def test_spec_error_text_lists_every_problem() -> None:
     error = SpecError([("spec.a", "one"), ("spec.b", "two")])
     assert str(error) == "spec.a: one; spec.b: two"
+
+
+# --- GPU catalog, declared GPUs, community checkpoints ---------------------------------------------
+
+
+def test_gpu_type_enum_is_the_catalog_plus_custom() -> None:
+    assert list(get_args(api.GpuType)) == [*GPUS, "Custom"]
+
+
+def test_catalog_memory_is_what_cuda_reports() -> None:
+    # The CUDA runtime's total, below nvidia-smi's (A100-80GB 81,920 MiB = 80 GiB there): public
+    # PyTorch out-of-memory messages give 79.14-79.25 GiB; the H200 was measured at 143,156 MiB.
+    assert 79.1 * GIB <= GPUS["A100-80GB"].memory_bytes <= 79.25 * GIB
+    assert GPUS["H200-141GB"].memory_bytes == 143_156 * MIB
+    for gpu in GPUS.values():
+        assert gpu.product_labels and all(label.startswith("NVIDIA-") for label in gpu.product_labels)
+        assert gpu.fp8_compute == (gpu.compute_capability >= (8, 9))
+
+
+@pytest.mark.parametrize(
+    ("quantity", "expected"),
+    [("19.5G", 19_500_000_000), ("94Gi", 94 * 1024**3), ("1000", 1000), ("512Mi", 512 * 1024**2)],
+)
+def test_quantity_bytes(quantity: str, expected: int) -> None:
+    assert api.quantity_bytes(quantity) == expected
+
+
+_A6000 = {
+    "name": "RTX-A6000",
+    "memory": "47.4Gi",
+    "computeCapability": "8.6",
+    "productLabels": ["NVIDIA-RTX-A6000"],
+}
+
+
+def test_a_declared_gpu_parses_and_defaults_fp8_from_the_capability() -> None:
+    spec = parse(with_spec(gpu={"type": "Custom", "custom": _A6000})).spec
+    info = spec.gpu.info()
+    assert (info.type, info.compute_capability, info.architecture) == ("RTX-A6000", (8, 6), "Ampere")
+    assert not info.fp8_compute and info.product_labels == ("NVIDIA-RTX-A6000",)
+
+
+def test_type_custom_needs_custom() -> None:
+    assert problems(with_spec(gpu={"type": "Custom"})) == [
+        ("spec.gpu.custom", "type Custom needs custom (memory, computeCapability, productLabels)")
+    ]
+
+
+def test_custom_needs_type_custom() -> None:
+    assert problems(with_spec(gpu={"type": "A100-80GB", "custom": _A6000})) == [
+        ("spec.gpu.custom", "A100-80GB is in the catalog; custom needs type Custom")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("changes", "path"),
+    [
+        ({"computeCapability": "9"}, "spec.gpu.custom.computeCapability"),
+        ({"memory": "lots"}, "spec.gpu.custom.memory"),
+        ({"productLabels": []}, "spec.gpu.custom.productLabels"),
+    ],
+)
+def test_bad_declared_gpu_fields(changes: dict[str, Any], path: str) -> None:
+    assert [p for p, _ in problems(with_spec(gpu={"type": "Custom", "custom": _A6000 | changes}))] == [path]
+
+
+def test_the_crd_ties_custom_to_type_custom() -> None:
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    gpu = schema["properties"]["spec"]["properties"]["gpu"]
+    assert gpu["x-kubernetes-validations"][0]["rule"] == "(self.type == 'Custom') == has(self.custom)"
+    assert "Custom" in gpu["properties"]["type"]["enum"]
+
+
+def test_a_community_checkpoint_parses() -> None:
+    model = {
+        "name": "someone/Qwen3-32B-GPTQ-Int4",
+        "checkpoint": {"quantization": "gptq", "weightSize": "19.5G"},
+    }
+    spec = parse(with_spec(model=model)).spec
+    assert spec.model.checkpoint is not None and spec.model.checkpoint.weight_bytes == 19_500_000_000
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "path"),
+    [
+        ({"quantization": "int4", "weightSize": "19G"}, "spec.model.checkpoint.quantization"),
+        ({"quantization": "gptq"}, "spec.model.checkpoint.weightSize"),
+    ],
+)
+def test_bad_community_checkpoints(checkpoint: dict[str, Any], path: str) -> None:
+    model = {"name": "someone/Qwen3-32B-GPTQ-Int4", "checkpoint": checkpoint}
+    assert [p for p, _ in problems(with_spec(model=model))] == [path]
+
+
+@pytest.mark.parametrize("method", ["fp8_per_tensor", "fp8_per_block"])
+def test_online_fp8_methods_are_accepted(method: str) -> None:
+    assert parse(with_engine(quantization=method)).spec.engine.quantization == method
+
+
+def test_request_timeout_is_unset_by_default() -> None:
+    # The default is derived from maxModelLen in the plan (plan.request_timeout_seconds).
+    assert parse(with_spec(gateway=None)).spec.gateway.request_timeout_seconds is None

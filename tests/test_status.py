@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from qwen_operator.api.crd import crd
 from qwen_operator.api.review import Review, review
 from qwen_operator.kinds import Skipped, kind_of
@@ -139,7 +141,7 @@ def test_hpa_without_metric_is_not_scaling_ready() -> None:
                     "type": "ScalingActive",
                     "status": "False",
                     "reason": "FailedGetPodsMetric",
-                    "message": "unable to get metric vllm:num_requests_waiting",
+                    "message": "unable to get metric qwen_queue_depth",
                 }
             ]
         }
@@ -147,6 +149,142 @@ def test_hpa_without_metric_is_not_scaling_ready() -> None:
     status = compute_status(serving(review=reviewed("h100-80gb-tp2-fp8-128k"), hpa=hpa), None, T0)
     scaling = cond(status, "ScalingReady")
     assert (scaling["status"], scaling["reason"]) == ("False", "FailedGetPodsMetric")
+
+
+AVAILABLE = {"status": {"conditions": [{"type": "Available", "status": "True", "reason": "Passed"}]}}
+READING_HPA = {
+    "status": {
+        "desiredReplicas": 2,
+        "currentMetrics": [
+            {
+                "type": "Pods",
+                "pods": {"metric": {"name": "qwen_queue_depth"}, "current": {"averageValue": "7500m"}},
+            }
+        ],
+        "conditions": [
+            {"type": "AbleToScale", "status": "True", "reason": "ReadyForNewScale"},
+            {"type": "ScalingActive", "status": "True", "reason": "ValidMetricFound"},
+        ],
+    }
+}
+ENGINE_METRIC = {"kind": "MetricValueList", "items": [{"metricName": "qwen_queue_depth", "value": "7500m"}]}
+
+
+def autoscaled(**extra: Any) -> Observed:
+    """Serving with the HPA example; metrics API, metric and HPA as given (default: all working)."""
+    base: dict[str, Any] = dict(
+        review=reviewed("h100-80gb-tp2-fp8-128k"),
+        hpa=READING_HPA,
+        metrics_api=AVAILABLE,
+        metrics_api_read=True,
+        queue_metric=ENGINE_METRIC,
+        queue_metric_answered=True,
+    )
+    return serving(**(base | extra))
+
+
+def test_hpa_reading_the_metric_is_scaling_ready_with_current_and_target_depth() -> None:
+    status = compute_status(autoscaled(), None, T0)
+    scaling = cond(status, "ScalingReady")
+    assert (scaling["status"], scaling["reason"]) == ("True", "MetricAvailable")
+    assert "7.5 waiting per pod" in scaling["message"]
+    assert status["autoscaling"] == {
+        "driver": "hpa",
+        "metric": "qwen_queue_depth",
+        "targetQueueDepth": 5,
+        "targetQueueDepthSource": "spec",
+        "concurrencyPerReplica": 64,
+        "currentQueueDepth": 7.5,
+    }
+
+
+def test_default_target_queue_depth_is_shown_with_its_source() -> None:
+    body = example("h100-80gb-tp2-fp8-128k")
+    del body["spec"]["autoscaling"]["targetQueueDepth"]
+    status = compute_status(autoscaled(review=review(body), hpa=None), None, T0)
+    assert status["autoscaling"]["targetQueueDepth"] == 7  # a tenth of 64 running, rounded up
+    assert status["autoscaling"]["targetQueueDepthSource"] == "plan"
+    assert "currentQueueDepth" not in status["autoscaling"]
+
+
+def test_no_custom_metrics_api_says_what_to_install() -> None:
+    status = compute_status(autoscaled(metrics_api=None), None, T0)
+    scaling = cond(status, "ScalingReady")
+    assert (scaling["status"], scaling["reason"]) == ("False", "MetricsAPIMissing")
+    assert (
+        "v1beta1.custom.metrics.k8s.io" in scaling["message"] and "prometheus-adapter" in scaling["message"]
+    )
+
+
+def test_unavailable_custom_metrics_api_carries_its_reason() -> None:
+    down = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "Available",
+                    "status": "False",
+                    "reason": "MissingEndpoints",
+                    "message": "endpoints for service/prometheus-adapter in monitoring have no addresses",
+                }
+            ]
+        }
+    }
+    scaling = cond(compute_status(autoscaled(metrics_api=down), None, T0), "ScalingReady")
+    assert (scaling["status"], scaling["reason"]) == ("False", "MetricsAPIUnavailable")
+    assert "have no addresses" in scaling["message"]
+
+
+@pytest.mark.parametrize(
+    "metric", [None, {"kind": "MetricValueList", "items": []}], ids=["unknown-metric", "no-pod-has-it"]
+)
+def test_metric_absent_from_the_adapter(metric: dict[str, Any] | None) -> None:
+    failing = {
+        "status": {
+            "conditions": [{"type": "ScalingActive", "status": "False", "reason": "FailedGetPodsMetric"}]
+        }
+    }
+    scaling = cond(compute_status(autoscaled(queue_metric=metric, hpa=failing), None, T0), "ScalingReady")
+    assert (scaling["status"], scaling["reason"]) == ("False", "MetricAbsent")
+    assert "qwen_queue_depth" in scaling["message"]
+    starting = autoscaled(queue_metric=metric, hpa=failing, engine=deployment(1, 0))
+    assert cond(compute_status(starting, None, T0), "ScalingReady")["reason"] == "MetricPending"
+
+
+def test_unreadable_metrics_api_falls_back_on_the_hpa() -> None:
+    """Without the rights to read APIServices or the metric, the HPA's own conditions decide."""
+    obs = autoscaled(metrics_api=None, metrics_api_read=False, queue_metric=None, queue_metric_answered=False)
+    assert cond(compute_status(obs, None, T0), "ScalingReady")["reason"] == "MetricAvailable"
+
+
+def test_keda_reads_its_own_hpa_and_metrics_server() -> None:
+    body = example("h100-80gb-tp2-fp8-128k")
+    body["spec"]["autoscaling"] |= {"driver": "keda", "prometheusAddress": "http://prom:9090"}
+    external = {
+        "status": {
+            "currentMetrics": [
+                {
+                    "type": "External",
+                    "external": {"metric": {"name": "s0-prometheus"}, "current": {"averageValue": "2"}},
+                }
+            ],
+            "conditions": [{"type": "ScalingActive", "status": "True", "reason": "ValidMetricFound"}],
+        }
+    }
+    obs = autoscaled(review=review(body), hpa=external, queue_metric=None, queue_metric_answered=False)
+    status = compute_status(obs, None, T0)
+    assert cond(status, "ScalingReady")["status"] == "True"
+    assert status["autoscaling"]["currentQueueDepth"] == 2
+    assert status["autoscaling"]["metric"].startswith("sum(qwen_engine:queue_depth{")
+    missing = cond(
+        compute_status(autoscaled(review=review(body), metrics_api=None), None, T0), "ScalingReady"
+    )
+    assert "v1beta1.external.metrics.k8s.io" in missing["message"] and "KEDA" in missing["message"]
+
+
+def test_the_status_schema_admits_the_autoscaling_block() -> None:
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    declared = schema["properties"]["autoscaling"]["properties"]
+    assert set(compute_status(autoscaled(), None, T0)["autoscaling"]) <= set(declared)
 
 
 def test_monitoring_crd_missing() -> None:

@@ -80,6 +80,7 @@ def _table(r: Review) -> str:
             f"PP {d['pipelineParallelSize']})",
         ),
         ("Weights per GPU", f"{d['weightsGiBPerGpu']} GiB"),
+        ("Runtime memory per GPU", f"{d['runtimeGiBPerGpu']} GiB (profile peak, non-torch, CUDA graphs)"),
         ("KV cache per GPU", f"{d['kvCacheGiBPerGpu']} GiB"),
         ("KV bytes per token", f"{d['kvBytesPerToken']:,}"),
         ("KV tokens per replica", f"{d['kvTokensPerReplica']:,}"),
@@ -88,6 +89,13 @@ def _table(r: Review) -> str:
             f"{d['maxModelLen']:,}" + (f" (YaRN x{d['yarnFactor']:g})" if d["yarnFactor"] else ""),
         ),
         ("Full-context requests at once", str(d["maxConcurrentAtMaxModelLen"])),
+        (
+            "Longest prefill step",
+            "unknown (no TFLOP/s figure for this GPU)"
+            if d["prefillStepSeconds"] is None
+            else f"~{d['prefillStepSeconds']:.1f} s",
+        ),
+        ("Gateway request timeout", f"{d['requestTimeoutSeconds']} s"),
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]

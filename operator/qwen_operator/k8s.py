@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 HASH_ANNOTATION = f"{LABEL_PREFIX}/applied-hash"
 REQUEST_TIMEOUT = 30
 CRD_API = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+APISERVICE_API = "/apis/apiregistration.k8s.io/v1/apiservices"
+CUSTOM_METRICS_API = "/apis/custom.metrics.k8s.io/v1beta1"
 
 
 def collection(kind: Kind, namespace: str | None = None) -> str:
@@ -224,6 +226,33 @@ class Cluster:
             collection(POD, namespace), label_selector=",".join(f"{k}={v}" for k, v in selector.items())
         )
 
+    def api_service(self, name: str) -> tuple[bool, dict[str, Any] | None]:
+        """(readable, the APIService) for an aggregated API such as v1beta1.custom.metrics.k8s.io.
+
+        Not readable (False, None) when the operator may not read APIServices.
+        """
+        try:
+            return True, self._get(f"{APISERVICE_API}/{name}")
+        except ApiException as exc:
+            if exc.status == 403:
+                return False, None
+            raise
+
+    def pods_custom_metric(
+        self, namespace: str, metric: str, selector: dict[str, str]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """(answered, the MetricValueList) of a per-pod custom metric for the pods matching `selector`.
+
+        (True, None): the custom metrics API does not know the metric. (False, None): no answer (API not
+        served or unavailable, no permission), so nothing can be said about the metric.
+        """
+        path = f"{CUSTOM_METRICS_API}/namespaces/{namespace}/pods/*/{metric}"
+        labels = ",".join(f"{k}={v}" for k, v in selector.items())
+        try:
+            return True, self._call("GET", path, query=[("labelSelector", labels)])
+        except ApiException as exc:
+            return (True, None) if exc.status == 404 and _metric_not_found(exc) else (False, None)
+
     def free_gpus(self, pool: NodePool) -> int | None:
         """Allocatable minus requested GPUs on the schedulable nodes of `pool`.
 
@@ -254,3 +283,12 @@ def _requested(pod: dict[str, Any], resource: str) -> int:
     for c in pod.get("spec", {}).get("containers", []):
         total += int(c.get("resources", {}).get("requests", {}).get(resource, 0))
     return total
+
+
+def _metric_not_found(exc: ApiException) -> bool:
+    """A 404 from the custom metrics API itself (a Status naming the metric), not from a missing API."""
+    try:
+        body = json.loads(exc.body or "")
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("kind") == "Status" and "metric" in body.get("message", "")

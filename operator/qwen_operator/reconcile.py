@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import names
+from .api.queueing import METRICS_API_SERVICE
 from .api.review import Review, review
 from .api.spec import SpecError
 from .k8s import Cluster
-from .manifests import ClusterFacts, build_children, node_pool
+from .manifests import ClusterFacts, build_children, node_pool, scaling
 from .metrics import DEPLOYMENTS_READY, MANAGED_OBJECTS, RECONCILE_SECONDS, RECONCILES
 from .status import Observed, compute_status, transitions
 
@@ -148,5 +149,19 @@ def _observe(cluster: Cluster, obs: Observed, rev: Review) -> None:
         for p in cluster.pods(ns, names.selector(qd, "engine"))
         if not p["metadata"].get("deletionTimestamp")
     ]
-    if qd.spec.autoscaling and qd.spec.autoscaling.driver == "hpa":
-        obs.hpa = cluster.get_named("autoscaling/v2", "HorizontalPodAutoscaler", ns, names.engine(qd))
+    if qd.spec.autoscaling:
+        _observe_scaling(cluster, obs, rev)
+
+
+def _observe_scaling(cluster: Cluster, obs: Observed, rev: Review) -> None:
+    """The HPA (KEDA's own with driver keda), the metrics API it reads through and, for the HPA driver,
+    the metric itself as the custom metrics API serves it."""
+    qd = rev.resource
+    ns, driver = qd.metadata.namespace, qd.spec.autoscaling.driver  # type: ignore[union-attr]
+    hpa_name = names.engine(qd) if driver == "hpa" else scaling.keda_hpa_name(rev)
+    obs.hpa = cluster.get_named("autoscaling/v2", "HorizontalPodAutoscaler", ns, hpa_name)
+    obs.metrics_api_read, obs.metrics_api = cluster.api_service(METRICS_API_SERVICE[driver])
+    if driver == "hpa" and (obs.metrics_api is not None or not obs.metrics_api_read):
+        obs.queue_metric_answered, obs.queue_metric = cluster.pods_custom_metric(
+            ns, scaling.HPA_METRIC, names.selector(qd, "engine")
+        )

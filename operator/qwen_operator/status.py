@@ -5,7 +5,8 @@ Conditions (all always present, so `kubectl wait --for=condition=X` works):
   CapacityFit     the capacity plan fits (weights + one maxModelLen sequence of KV per replica)
   Scheduled       every engine pod has a node; False carries the scheduler's reason
   Progressing     a rollout is under way (False once complete or when stuck)
-  ScalingReady    the HPA can read its metric (or replicas are fixed)
+  ScalingReady    the HPA reads the queue-depth metric (or replicas are fixed); False names the break:
+                  metrics API missing or unavailable, metric absent, the HPA failing to read it
   MonitoringReady the requested monitoring objects exist (False: CRDNotInstalled)
   ExposureReady   the client Service and the requested Ingress/HTTPRoute exist (False: CRDNotInstalled)
   Ready           at least one engine replica and the gateway serve
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from .api.queueing import HPA_METRIC, METRICS_API_SERVICE, keda_query, queueing
 from .api.review import Review
 from .api.rollout import Rollout
 from .kinds import EXPOSURE, MONITORING, SCALING, Skipped
@@ -49,7 +51,15 @@ class Observed:
     engine: dict[str, Any] | None = None  # the engine Deployment as read back
     gateway: dict[str, Any] | None = None  # the gateway Deployment as read back
     pods: list[dict[str, Any]] = field(default_factory=list)  # engine pods
-    hpa: dict[str, Any] | None = None
+    hpa: dict[str, Any] | None = None  # the HPA (KEDA's own with driver keda)
+    #: The APIService the autoscaler's metric comes through, as read; None: absent, or not readable
+    #: (metrics_api_read False: no permission to read APIServices, nothing is concluded).
+    metrics_api: dict[str, Any] | None = None
+    metrics_api_read: bool = False
+    #: The HPA's metric for the engine pods from the custom metrics API (a MetricValueList); None:
+    #: unknown to the API, or no answer (queue_metric_answered False: nothing is concluded).
+    queue_metric: dict[str, Any] | None = None
+    queue_metric_answered: bool = False
     skipped: list[Skipped] = field(default_factory=list)  # optional children without their CRD
 
     @property
@@ -118,10 +128,26 @@ def _progressing(engine: dict[str, Any] | None, desired: int) -> dict[str, Any]:
 def _scaling(obs: Observed) -> dict[str, Any]:
     if not obs.autoscaling:
         return _cond("ScalingReady", True, "FixedReplicas", "replicas set in spec")
+    driver = obs.review.resource.spec.autoscaling.driver  # type: ignore[union-attr]
+    if obs.skipped_for(SCALING):
+        return _cond("ScalingReady", False, "CRDNotInstalled", "KEDA is not installed")
+    broken = _metrics_api_problem(obs, driver)
+    if broken:
+        return broken
     if obs.hpa is None:
-        if obs.skipped_for(SCALING):
-            return _cond("ScalingReady", False, "CRDNotInstalled", "KEDA is not installed")
         return _cond("ScalingReady", None, "NoAutoscalerStatus", "autoscaler not observed yet")
+    if driver == "hpa" and obs.queue_metric_answered and not (obs.queue_metric or {}).get("items"):
+        if not (obs.engine or {}).get("status", {}).get("readyReplicas"):
+            return _cond(
+                "ScalingReady", None, "MetricPending", f"no engine pod is ready to report {HPA_METRIC} yet"
+            )
+        return _cond(
+            "ScalingReady",
+            False,
+            "MetricAbsent",
+            f"the custom metrics API serves no {HPA_METRIC} for the engine pods: check the adapter's rule "
+            "and that Prometheus scrapes the engines (docs/autoscaling.md)",
+        )
     for c in obs.hpa.get("status", {}).get("conditions", []):
         if c.get("type") in ("ScalingActive", "AbleToScale") and c.get("status") == "False":
             return _cond(
@@ -132,7 +158,82 @@ def _scaling(obs: Observed) -> dict[str, Any]:
             )
     if not obs.hpa.get("status", {}).get("conditions"):
         return _cond("ScalingReady", None, "NoAutoscalerStatus", "the HPA has not evaluated its metric yet")
-    return _cond("ScalingReady", True, "MetricAvailable", "the HPA reads the queue-depth metric")
+    current = _current_queue_depth(obs.hpa)
+    reading = "" if current is None else f": {current:g} waiting per pod"
+    return _cond("ScalingReady", True, "MetricAvailable", f"the HPA reads the queue-depth metric{reading}")
+
+
+def _metrics_api_problem(obs: Observed, driver: str) -> dict[str, Any] | None:
+    """False when the aggregated API the metric comes through is missing or not Available."""
+    if not obs.metrics_api_read:
+        return None
+    name = METRICS_API_SERVICE[driver]
+    if obs.metrics_api is None:
+        needed = (
+            f"install prometheus-adapter with the rule serving {HPA_METRIC} (docs/autoscaling.md)"
+            if driver == "hpa"
+            else "install KEDA (its metrics server serves the trigger to the HPA)"
+        )
+        return _cond(
+            "ScalingReady", False, "MetricsAPIMissing", f"APIService {name} does not exist: {needed}"
+        )
+    conditions = obs.metrics_api.get("status", {}).get("conditions", [])
+    available: dict[str, Any] = next((c for c in conditions if c.get("type") == "Available"), {})
+    if available.get("status") != "True":
+        why = available.get("message") or available.get("reason") or "no Available condition yet"
+        return _cond(
+            "ScalingReady", False, "MetricsAPIUnavailable", f"APIService {name} is not available: {why}"
+        )
+    return None
+
+
+def _current_queue_depth(hpa: dict[str, Any] | None) -> float | None:
+    """The average queue depth per pod the HPA last read (status.currentMetrics), Pods or External."""
+    for m in (hpa or {}).get("status", {}).get("currentMetrics") or []:
+        source = m.get("pods") or m.get("external") or {}
+        value = source.get("current", {}).get("averageValue")
+        if value is not None:
+            return _quantity(str(value))
+    return None
+
+
+_SUFFIXES = {
+    "n": 1e-9,
+    "u": 1e-6,
+    "m": 1e-3,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+}
+
+
+def _quantity(text: str) -> float:
+    """A Kubernetes quantity ("1500m", "2", "3k") as a number, rounded to 3 decimals."""
+    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
+        if text.endswith(suffix):
+            return round(float(text[: -len(suffix)]) * _SUFFIXES[suffix], 3)
+    return round(float(text), 3)
+
+
+def _autoscaling_status(obs: Observed) -> dict[str, Any] | None:
+    """What the autoscaler aims for and what it last read, for status.autoscaling."""
+    if not obs.autoscaling or obs.review is None or not obs.review.ok:
+        return None
+    qd = obs.review.resource
+    a = qd.spec.autoscaling
+    assert a is not None
+    q = queueing(qd.spec, obs.review.plan)
+    return {
+        "driver": a.driver,
+        "metric": HPA_METRIC if a.driver == "hpa" else keda_query(qd.metadata.namespace, qd.metadata.name),
+        "targetQueueDepth": q.target_queue_depth,
+        "targetQueueDepthSource": q.target_queue_depth_source,
+        "concurrencyPerReplica": q.concurrency_per_replica,
+        "currentQueueDepth": _current_queue_depth(obs.hpa),
+    }
 
 
 def _monitoring(obs: Observed) -> dict[str, Any]:
@@ -234,6 +335,7 @@ def compute_status(
         "endpoint": obs.endpoint,
         "rolloutStrategy": obs.rollout.describe() if obs.rollout else None,
         "plan": obs.review.plan_dict() if obs.review else None,
+        "autoscaling": _autoscaling_status(obs),
     }
     status.update({k: v for k, v in optional.items() if v is not None})
     return _without_nulls(status)

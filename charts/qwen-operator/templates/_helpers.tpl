@@ -80,5 +80,9 @@ never needs bind or escalate.
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+# The queue-depth metric as the HPA reads it (ScalingReady).
+- apiGroups: ["custom.metrics.k8s.io"]
+  resources: ["pods/*"]
+  verbs: ["get"]
 {{ include "qwen-operator.managedKindRules" . }}
 {{- end }}

@@ -1,8 +1,11 @@
 """The Grafana dashboard "Qwen serving", built from a compact panel list (`make generate` writes the JSON).
 
-Queries select engine pods by name (<QwenDeployment>-engine-<hash>-<hash>) and gateway pods likewise,
-so they work with the ServiceMonitor and PodMonitor the operator creates and with any other scrape
-config that keeps the `namespace` and `pod` labels. Replica counts come from kube-state-metrics.
+Queue depth, KV cache usage and TTFT p99 (and the variables) read the recorded series of
+qwen_operator.recording, as the alerts, prometheus-adapter and KEDA do, so a vLLM metric rename is fixed
+there; they need the recording rules (the chart's prometheusRule) and select by `qwendeployment`. The
+other queries select engine pods by name (<QwenDeployment>-engine-<hash>-<hash>) and gateway pods
+likewise, so they work with any scrape config that keeps `namespace` and `pod`. Replica counts come
+from kube-state-metrics.
 """
 
 from __future__ import annotations
@@ -10,7 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from qwen_operator import recording
+
 ENGINE = 'namespace=~"$namespace", pod=~"$deployment-engine-.+"'
+RECORDED = f'namespace=~"$namespace", {recording.DEPLOYMENT_LABEL}=~"$deployment"'
 GATEWAY = 'namespace=~"$namespace", pod=~"$deployment-gateway-.+"'
 ENGINE_DEPLOYMENT = 'namespace=~"$namespace", deployment=~"$deployment-engine"'
 ENGINE_HPA = 'namespace=~"$namespace", horizontalpodautoscaler=~"(keda-hpa-)?$deployment-engine"'
@@ -63,10 +69,14 @@ def _overview() -> list[Panel]:
             kind="stat",
         ),
         Panel("Requests running", [(f"sum(vllm:num_requests_running{{{ENGINE}}})", "running")], kind="stat"),
-        Panel("Requests waiting", [(f"sum(vllm:num_requests_waiting{{{ENGINE}}})", "waiting")], kind="stat"),
+        Panel(
+            "Requests waiting",
+            [(f"sum({recording.DEPLOYMENT_QUEUE_DEPTH}{{{RECORDED}}})", "waiting")],
+            kind="stat",
+        ),
         Panel(
             "KV cache usage (fullest pod)",
-            [(f"max(vllm:kv_cache_usage_perc{{{ENGINE}}})", "max")],
+            [(f"max({recording.DEPLOYMENT_KV_CACHE_USAGE}{{{RECORDED}}})", "max")],
             unit="percentunit",
             kind="stat",
         ),
@@ -77,7 +87,8 @@ def _overview() -> list[Panel]:
         ),
         Panel(
             "Time to first token p99",
-            [_quantiles("vllm:time_to_first_token_seconds", ENGINE)[2]],
+            [(f"max({recording.DEPLOYMENT_TTFT_P99}{{{RECORDED}}})", "p99")],
+            description="Over 5 minutes (the recorded qwen_deployment:ttft_seconds:p99).",
             unit="s",
             kind="stat",
         ),
@@ -88,8 +99,9 @@ def _load() -> list[Panel]:
     return [
         Panel(
             "Waiting requests per engine pod",
-            [(f"sum by (pod) (vllm:num_requests_waiting{{{ENGINE}}})", "{{pod}}")],
-            description="The autoscaling signal: the HPA aims for targetQueueDepth per pod.",
+            [(f"sum by (pod) ({recording.ENGINE_QUEUE_DEPTH}{{{RECORDED}}})", "{{pod}}")],
+            description="The autoscaling signal (qwen_engine:queue_depth, served to the HPA as "
+            "qwen_queue_depth): the HPA aims for targetQueueDepth per pod.",
         ),
         Panel(
             "Running requests per engine pod",
@@ -98,7 +110,7 @@ def _load() -> list[Panel]:
         ),
         Panel(
             "KV cache usage per engine pod",
-            [(f"max by (pod) (vllm:kv_cache_usage_perc{{{ENGINE}}})", "{{pod}}")],
+            [(f"max by (pod) ({recording.ENGINE_KV_CACHE_USAGE}{{{RECORDED}}})", "{{pod}}")],
             unit="percentunit",
         ),
         Panel(
@@ -333,12 +345,14 @@ def dashboard() -> dict[str, Any]:
         "templating": {
             "list": [
                 datasource,
-                _variable("namespace", "Namespace", "label_values(vllm:num_requests_waiting, namespace)"),
+                _variable(
+                    "namespace", "Namespace", f"label_values({recording.ENGINE_QUEUE_DEPTH}, namespace)"
+                ),
                 _variable(
                     "deployment",
                     "QwenDeployment",
-                    'label_values(vllm:num_requests_waiting{namespace=~"$namespace"}, pod)',
-                    regex="/^(.+)-engine-[a-z0-9]+-[a-z0-9]+$/",
+                    f'label_values({recording.ENGINE_QUEUE_DEPTH}{{namespace=~"$namespace"}}, '
+                    f"{recording.DEPLOYMENT_LABEL})",
                 ),
             ]
         },

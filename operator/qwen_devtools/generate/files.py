@@ -27,6 +27,7 @@ import yaml
 from qwen_devtools.helm import HOW_TO_GET_HELM, helm_path
 from qwen_devtools.repo import REPO
 from qwen_devtools.vllm_env import TOOL_ENV, vllm_venv
+from qwen_operator import recording
 from qwen_operator.api.crd import crd
 from qwen_operator.api.spec import GROUP, KIND
 from qwen_operator.versions import KUBERNETES, VLLM, VLLM_ROUTER
@@ -40,6 +41,8 @@ RELEASE = "qwen-operator"
 NAMESPACE = "qwen-operator-system"
 CRD_FILE = Path("crds/inference.qwenops.dev_qwendeployments.yaml")
 CHART_CRD = CHART / "templates/crd-qwendeployments.yaml"
+RECORDING_RULES = CHART / "rules/qwen-recording.rules.yaml"
+ADAPTER_VALUES = CHART / "adapter/prometheus-adapter-values.yaml"
 ARGOCD_LUA = Path("gitops/argocd/health-qwendeployment.lua")
 VLLM_FLAGS = Path("operator/qwen_operator/api/vllm_flags.json")
 HOW_TO_GET_VLLM = "run `make setup`, or only the venv: `.venv/bin/python -m qwen_devtools.vllm_env`"
@@ -168,6 +171,31 @@ def dashboard_json(_stage: Path | None = None) -> str:
     return json.dumps(model, indent=2) + "\n"
 
 
+def recording_rules_file(_stage: Path | None = None) -> str:
+    """The fleet-wide recording rules as a plain Prometheus rule file for the chart's PrometheusRule."""
+    return (
+        yaml_comment("operator/qwen_operator/recording.py (recording_rules())")
+        + "# Recording rules every QwenDeployment's dashboard, alerts, prometheus-adapter and KEDA read\n"
+        + "# (docs/monitoring.md#recorded-series). The chart wraps them in its PrometheusRule\n"
+        + "# (prometheusRule.enabled, prometheusRule.recordingRules).\n"
+        + _yaml({"groups": [{"name": "qwen-recording", "rules": recording.recording_rules()}]})
+    )
+
+
+def adapter_values_file(_stage: Path | None = None) -> str:
+    """Values for the prometheus-community/prometheus-adapter chart serving the HPA's queue metric."""
+    return (
+        yaml_comment("operator/qwen_operator/recording.py (adapter_chart_values())")
+        + f"# prometheus-adapter rules serving {recording.ENGINE_QUEUE_DEPTH} as the pods custom metric\n"
+        + f"# {recording.ADAPTER_METRIC} that the engine HPA reads (docs/monitoring.md#autoscaling-signal):\n"
+        + "#   helm upgrade --install prometheus-adapter prometheus-community/prometheus-adapter \\\n"
+        + "#     -f charts/qwen-operator/adapter/prometheus-adapter-values.yaml --set prometheus.url=...\n"
+        + "# or copy the list under rules.custom into your own values. The adapter's --config file with\n"
+        + "# the same rules: the chart's prometheusAdapter.configMap.\n"
+        + _yaml(recording.adapter_chart_values())
+    )
+
+
 def vllm_flags_json(_stage: Path | None = None) -> str:
     """The flag table of vLLM's own parser; engine.vllm_flags() reads `flags` and `vllm` only."""
     table = json.loads(_run_in_vllm_venv("gen_vllm_flags.py"))
@@ -205,6 +233,8 @@ TARGETS: tuple[Target, ...] = (
     Target(CHART / "values.schema.json", values_schema_json),
     Target(CHART / "README.md", chart_readme),
     Target(CHART / "dashboards/qwen-serving.json", dashboard_json),
+    Target(RECORDING_RULES, recording_rules_file),
+    Target(ADAPTER_VALUES, adapter_values_file),
     Target(CRD_FILE, crd_file),
     Target(Path("docs/crd-reference.md"), lambda _stage: crd_docs.crd_reference()),
     Target(Path("gitops/argocd/argocd-cm-patch.yaml"), argocd_cm_patch),

@@ -136,13 +136,40 @@ def status_schema() -> dict[str, Any]:
             "selector": {"type": "string", "description": "Label selector of the engine pods."},
             "gpu": {"type": "string", "description": "GPU type in effect."},
             "tensorParallelSize": {"type": "integer", "description": "Tensor parallel size in effect."},
-            "maxModelLen": {"type": "integer", "description": "Context length in effect (YaRN above 32768)."},
+            "maxModelLen": {"type": "integer", "description": "Context length in effect (YaRN above 40960)."},
             "endpoint": {"type": "string", "description": "In-cluster URL of the OpenAI API."},
             "rolloutStrategy": {"type": "string", "description": "Surge or InPlace, with the reason."},
             "plan": {
                 "type": "object",
                 "description": "Capacity plan (see `qwen-operator plan`).",
                 "x-kubernetes-preserve-unknown-fields": True,
+            },
+            "autoscaling": {
+                "type": "object",
+                "description": "Queue-depth autoscaling: what it aims for and what the HPA last read.",
+                "properties": {
+                    "driver": {"type": "string", "description": "hpa or keda."},
+                    "metric": {
+                        "type": "string",
+                        "description": "The HPA's custom metric (hpa) or the trigger's query (keda).",
+                    },
+                    "targetQueueDepth": {
+                        "type": "integer",
+                        "description": "Average waiting requests per engine pod aimed for.",
+                    },
+                    "targetQueueDepthSource": {
+                        "type": "string",
+                        "description": "spec (autoscaling.targetQueueDepth) or plan (derived).",
+                    },
+                    "concurrencyPerReplica": {
+                        "type": "integer",
+                        "description": "Requests one replica runs at once, in the plan.",
+                    },
+                    "currentQueueDepth": {
+                        "type": "number",
+                        "description": "Average waiting requests per engine pod, as the HPA last read it.",
+                    },
+                },
             },
             "conditions": {
                 "type": "array",

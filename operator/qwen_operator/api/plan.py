@@ -1,11 +1,15 @@
 """Capacity planning: will this spec start on this GPU pool, and how much KV cache does a replica get?
 
-First-order memory model per GPU, as vLLM allocates it at start-up:
-    usable = GPU memory x gpuMemoryUtilization
-    KV budget = usable - weights / TP - runtime overhead (activations, CUDA graphs, NCCL buffers)
+Memory model per GPU, term by term as vLLM 0.32 budgets it at start-up (v1/worker/gpu_worker.py,
+determine_available_memory; docs/capacity-planning.md gives the sources and the calibration):
+    usable = GPU memory (CUDA's total) x gpuMemoryUtilization
+    KV budget = usable - weights / (TP x PP) - profile peak - non-torch memory - CUDA-graph estimate
+where the profile peak is the larger of the dummy forward of maxNumBatchedTokens tokens and the dummy
+sampler pass over maxNumSeqs rows of the vocabulary (measured: tools/measure/activation_peak.py).
 A replica's KV tokens are the KV budget of its GPUs divided by the KV bytes of one token (each GPU
-holds 1/TP of the KV heads). vLLM refuses to start when one sequence of maxModelLen does not fit,
-so that is the fit criterion; everything that cannot start is an error here, before any object exists.
+holds 1/TP of the KV heads; a draft model's layers share the pool). vLLM refuses to start when one
+sequence of maxModelLen does not fit, so that is the fit criterion; everything that cannot start is an
+error here, before any object exists.
 """
 
 from __future__ import annotations
@@ -14,22 +18,84 @@ from dataclasses import dataclass, field
 
 from .catalog import (
     COMPATIBLE_QUANTIZATION,
+    CONFIG_MAX_POSITIONS,
     DRAFT_MODEL_BYTES,
+    DRAFT_MODEL_HEAD_DIM,
+    DRAFT_MODEL_KV_HEADS,
+    DRAFT_MODEL_LAYERS,
+    DRAFT_MODEL_MAX_POSITIONS,
+    FP8_METHODS,
     GIB,
-    GPUS,
     MAX_CONTEXT,
     MODELS,
     NATIVE_CONTEXT,
+    ONLINE_FP8,
     ONLINE_FP8_RATIO,
     GpuInfo,
     ModelInfo,
+    qwen3_32b_checkpoint,
 )
 from .spec import QwenDeploymentSpec
 
-#: Activation peak, CUDA graphs, NCCL and allocator slack per GPU for a 32B dense model.
-RUNTIME_OVERHEAD_BYTES = int(5.5 * GIB)
+# --- Runtime memory per GPU besides weights and KV cache (docs/capacity-planning.md) ---------------
+#: Transient peak of vLLM's profile forward per batched token, per GPU, by tensor parallel size:
+#: measured for Qwen3-32B's shapes by tools/measure/activation_peak.py (raw output beside it). The peak
+#: is one layer's MLP: gate_up (2 x 25600/TP), SiluAndMul's output (25600/TP), the hidden and residual
+#: streams and, at TP > 1, the all-reduce output, in bf16. TP 8 is not measured: 6 x 25600/8 + 40,968,
+#: the form the TP 2 and TP 4 figures take.
+ACTIVATION_BYTES_PER_BATCHED_TOKEN = {1: 184_328, 2: 117_768, 4: 79_368, 8: 60_168}
+#: The dummy sampler pass (v1/worker/gpu_model_runner.py, _dummy_sampler_run) over maxNumSeqs rows of
+#: the whole vocabulary: bf16 logits, their float32 copy, probabilities and exponential noise,
+#: measured 14.07 bytes per row per vocabulary entry, at every TP (logits are gathered first).
+SAMPLER_BYTES_PER_LOGIT = 14.07
+#: Memory outside PyTorch's allocator that vLLM counts (cuBLAS workspaces, NCCL and custom all-reduce
+#: buffers): a base plus a share per tensor-parallel peer. From the one log that prints it for this
+#: model (0.30 GiB at TP 2, vLLM 0.7 on L40S); not measured here (no NCCL peers on one GPU).
+NON_TORCH_BASE_BYTES = int(0.15 * GIB)
+NON_TORCH_PER_PEER_BYTES = int(0.15 * GIB)
+#: CUDA-graph memory vLLM estimates and takes out of the KV budget since 0.21
+#: (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1): the 1.86 GiB a vLLM 0.26 log shows for Qwen3-32B at
+#: TP 1 with the default capture sizes (largest 512). Zero with --enforce-eager.
+CUDA_GRAPH_BYTES = int(1.86 * GIB)
+#: vLLM allocates the KV cache in blocks of 16 tokens.
+KV_BLOCK_TOKENS = 16
+
+# --- Prefill step time (docs/capacity-planning.md) ------------------------------------------------
+#: Dense bf16 tensor-core peak of each catalog GPU, TFLOP/s (vendor data sheets, without sparsity).
+BF16_DENSE_TFLOPS: dict[str, float] = {
+    "A10-24GB": 125,
+    "L4-24GB": 121,
+    "RTX-4090-24GB": 165,
+    "L40S-48GB": 362,
+    "RTX-6000-Ada-48GB": 364,
+    "A100-40GB": 312,
+    "A100-80GB": 312,
+    "H100-80GB": 989,
+    "H100-NVL-94GB": 835,
+    "H200-141GB": 989,
+    "H200-NVL-141GB": 835,
+    "RTX-PRO-6000-Blackwell-96GB": 500,
+    "B200-180GB": 2250,
+}
+#: Share of that peak a prefill step reaches. Linear layers: cuBLAS bf16 GEMMs, 792 of 989 TFLOP/s
+#: (0.80) on a square 8192 product on an H200 (tools/measure/activation_peak.py), less on the model's
+#: skinnier shapes. Attention: 0.32 was measured there with PyTorch's FlashAttention 2 kernel, which
+#: is not tuned for Hopper; vLLM runs FlashAttention 3 on Hopper (0.6-0.75 of peak in its paper) and
+#: FlashAttention 2 reaches 0.5-0.7 on Ampere; 0.5 sits between.
+LINEAR_EFFICIENCY = 0.7
+ATTENTION_EFFICIENCY = 0.5
+#: A scheduler step longer than this freezes every running stream for that long: the plan warns.
+PREFILL_STEP_WARN_SECONDS = 10.0
+#: Without a TFLOP/s figure for the GPU, the plan warns above this maxNumBatchedTokens instead.
+LARGE_BATCHED_TOKENS = 32_768
 #: Requests at full context below which the plan warns that long prompts will queue.
 LOW_CONCURRENCY = 2
+#: Decode pace of one stream assumed when deriving the gateway's request timeout: a conservative figure
+#: for Qwen3-32B (a 32K-token reasoning output takes 15-25 minutes at one stream's pace, 22-36 tokens/s),
+#: so a request that generates up to maxModelLen tokens is not cut by the gateway.
+CONSERVATIVE_DECODE_TOKENS_PER_SECOND = 20
+#: Added to the decode time for queueing and the prefill of a long prompt.
+REQUEST_TIMEOUT_MARGIN_SECONDS = 120
 
 
 @dataclass(frozen=True)
@@ -38,6 +104,25 @@ class Yarn:
 
     factor: float
     original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class RuntimeMemory:
+    """What vLLM takes per GPU besides weights and KV cache, term by term (bytes)."""
+
+    forward_bytes: int  # dummy forward of maxNumBatchedTokens tokens
+    sampler_bytes: int  # dummy sampler pass over maxNumSeqs rows (plus the forward's hidden states)
+    non_torch_bytes: int
+    cuda_graph_bytes: int
+
+    @property
+    def profile_peak_bytes(self) -> int:
+        # The sampler runs after the forward's activations are freed: the larger one is the peak.
+        return max(self.forward_bytes, self.sampler_bytes)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.profile_peak_bytes + self.non_torch_bytes + self.cuda_graph_bytes
 
 
 @dataclass
@@ -55,9 +140,13 @@ class Plan:
     weights_bytes_per_gpu: int = 0
     kv_bytes_per_token: int = 0
     kv_budget_bytes_per_gpu: int = 0
+    draft_kv_bytes_per_token: int = 0  # included in kv_bytes_per_token
+    runtime: RuntimeMemory | None = None
     kv_tokens_per_replica: int = 0
     max_concurrent_at_max_model_len: int = 0
+    prefill_step_seconds: float | None = None  # the longest scheduler step: a full-budget prefill chunk
     yarn: Yarn | None = None
+    request_timeout_seconds: int = 0  # the gateway's request timeout: the spec's, or derived
     warnings: list[tuple[str, str]] = field(default_factory=list)
     errors: list[tuple[str, str]] = field(default_factory=list)
 
@@ -80,7 +169,7 @@ def gib(n: float) -> str:
 def make_plan(spec: QwenDeploymentSpec) -> Plan:
     """Validate the spec against the model and GPU catalogs and compute the capacity plan."""
     engine, par = spec.engine, spec.parallelism
-    gpu = GPUS[spec.gpu.type]
+    gpu = spec.gpu.info()
     plan = Plan(
         model=spec.model.name,
         gpu=gpu.type,
@@ -91,17 +180,53 @@ def make_plan(spec: QwenDeploymentSpec) -> Plan:
         kv_cache_dtype=engine.kv_cache_dtype,
         max_model_len=engine.max_model_len,
     )
-    model = MODELS.get(spec.model.name)
+    plan.request_timeout_seconds = request_timeout_seconds(spec)
+    model = _model_of(plan, spec)
     if model is None:
-        plan.error("spec.model.name", f"unknown model {spec.model.name!r}; supported: {', '.join(MODELS)}")
         return plan
     _check_parallelism(plan, spec, model)
     _check_quantization(plan, spec, model, gpu)
     _check_context(plan, spec)
     _check_batching(plan, spec)
     _compute_memory(plan, spec, model, gpu)
+    _check_prefill(plan, spec, model, gpu)
     _check_speculative(plan, spec)
     return plan
+
+
+def _model_of(plan: Plan, spec: QwenDeploymentSpec) -> ModelInfo | None:
+    """The catalog's model, or the community checkpoint the spec declares (same architecture)."""
+    source = spec.model
+    if source.checkpoint is None:
+        model = MODELS.get(source.name)
+        if model is None:
+            plan.error(
+                "spec.model.name",
+                f"unknown model {source.name!r}; supported: {', '.join(MODELS)}, or declare a community "
+                "Qwen3-32B checkpoint in spec.model.checkpoint (quantization, weightSize)",
+            )
+        return model
+    if source.name in MODELS:
+        plan.error(
+            "spec.model.checkpoint",
+            f"{source.name} is in the catalog, which knows its storage and size; remove checkpoint",
+        )
+        return None
+    stored = source.checkpoint.quantization
+    return qwen3_32b_checkpoint(
+        source.name, source.checkpoint.weight_bytes, None if stored == "bf16" else stored
+    )
+
+
+def request_timeout_seconds(spec: QwenDeploymentSpec) -> int:
+    """The gateway's request timeout: the spec's, else long enough to generate maxModelLen tokens at
+    CONSERVATIVE_DECODE_TOKENS_PER_SECOND plus REQUEST_TIMEOUT_MARGIN_SECONDS, in whole minutes."""
+    if spec.gateway.request_timeout_seconds is not None:
+        return spec.gateway.request_timeout_seconds
+    seconds = (
+        spec.engine.max_model_len / CONSERVATIVE_DECODE_TOKENS_PER_SECOND + REQUEST_TIMEOUT_MARGIN_SECONDS
+    )
+    return -(-int(seconds) // 60) * 60
 
 
 def _check_parallelism(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo) -> None:
@@ -130,29 +255,48 @@ def _check_quantization(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo, 
     quant = stored if wanted is None else (None if wanted == "none" else wanted)
     plan.quantization = quant
     if quant not in COMPATIBLE_QUANTIZATION[stored]:
-        allowed = sorted(q or "none" for q in COMPATIBLE_QUANTIZATION[stored])
-        plan.error(
-            "spec.engine.quantization",
-            f"{model.name} is stored as {stored or 'bf16'}; it can be served with {', '.join(allowed)}, "
-            f"not {quant or 'none'} (use the matching checkpoint, e.g. Qwen/Qwen3-32B-AWQ for awq)",
-        )
-    if quant == "fp8" and not gpu.fp8_compute:
+        plan.error("spec.engine.quantization", _quantization_mismatch(model, stored, quant))
+    if quant in FP8_METHODS and not gpu.fp8_compute:
         plan.warn(
             "spec.engine.quantization",
             f"{gpu.type} ({gpu.architecture}) has no FP8 tensor cores: FP8 runs weight-only (Marlin), "
             "saving memory but usually slower than bf16",
         )
-    if spec.engine.kv_cache_dtype == "fp8" and not gpu.fp8_compute:
-        plan.error(
+    backend = gpu.fp8_kv_backend
+    if spec.engine.kv_cache_dtype == "fp8" and backend is not None:
+        # vllm/v1/attention/backends/fa_utils.py: FlashAttention stores fp8 KV only on sm90/sm100;
+        # vllm/model_executor/layers/quantization/kv_cache.py: no k/v scales in the checkpoint -> 1.0.
+        cc = ".".join(map(str, gpu.compute_capability))
+        plan.warn(
             "spec.engine.kvCacheDtype",
-            f"fp8 KV cache needs FP8 hardware (Ada or Hopper); {gpu.type} is {gpu.architecture}: "
-            "use auto, or an L40S/H100/H200 pool",
+            f"fp8 KV cache on {gpu.type} ({gpu.architecture}, sm {cc}): FlashAttention takes it only on "
+            f"Hopper or B200, so vLLM uses {backend}; the checkpoint has no calibrated k/v scales, so "
+            "they are 1.0 (values beyond FP8's range saturate): check output quality on your prompts",
         )
 
 
+def _quantization_mismatch(model: ModelInfo, stored: str | None, quant: str | None) -> str:
+    allowed = ", ".join(sorted(q or "none" for q in COMPATIBLE_QUANTIZATION[stored]))
+    served = quant or "none"
+    head = f"{model.name} is stored as {stored or 'bf16'}; it can be served with {allowed}, not {served}"
+    if quant in ("gptq", "gptq_marlin"):
+        return (
+            f"{head}: {quant} needs a GPTQ checkpoint and the catalog has none (Qwen publishes no "
+            "Qwen3-32B GPTQ); name a community one in spec.model.name and declare it in "
+            "spec.model.checkpoint (quantization: gptq, weightSize)"
+        )
+    if quant == "fp8" and stored is None:
+        return (
+            f"{head}: fp8 serves a checkpoint stored in FP8 (Qwen/Qwen3-32B-FP8); to quantize this one "
+            f"at load use {' or '.join(ONLINE_FP8)} (vLLM 0.32 deprecates --quantization fp8 for that)"
+        )
+    return f"{head} (use the matching checkpoint, e.g. Qwen/Qwen3-32B-AWQ for awq)"
+
+
 def yarn_for(max_model_len: int) -> Yarn | None:
-    """The smallest YaRN factor (2 or 4) covering max_model_len, or None within the native window."""
-    if max_model_len <= NATIVE_CONTEXT:
+    """The smallest YaRN factor (2 or 4) covering max_model_len over the 32,768-token native window, or
+    None up to the config's 40,960 positions, which vLLM accepts without rope scaling."""
+    if max_model_len <= CONFIG_MAX_POSITIONS:
         return None
     factor = 2.0 if max_model_len <= 2 * NATIVE_CONTEXT else 4.0
     return Yarn(factor=factor, original_max_position_embeddings=NATIVE_CONTEXT)
@@ -170,13 +314,23 @@ def _check_context(plan: Plan, spec: QwenDeploymentSpec) -> None:
     if plan.yarn:
         plan.warn(
             "spec.engine.maxModelLen",
-            f"{length} > {NATIVE_CONTEXT}: YaRN factor {plan.yarn.factor:g} is applied to every request, "
-            "which can lower quality on short texts; keep 32768 unless long inputs are needed",
+            f"{length} > {CONFIG_MAX_POSITIONS}: YaRN factor {plan.yarn.factor:g} is applied to every "
+            "request, which can lower quality on short texts; keep 40960 or less unless long inputs are "
+            "needed",
         )
 
 
 def _check_batching(plan: Plan, spec: QwenDeploymentSpec) -> None:
     e = spec.engine
+    if not e.enable_chunked_prefill:
+        # vllm/engine/arg_utils.py, _set_default_chunked_prefill_and_prefix_caching_args: vLLM 0.32 logs
+        # the same for a generate model whose config supports chunked prefill.
+        plan.warn(
+            "spec.engine.enableChunkedPrefill",
+            "chunked prefill is off: vLLM 0.32 says this model does not officially support disabling it "
+            "and that the engine may crash or produce incorrect outputs; every prompt is then prefilled "
+            "in one step, stalling running streams; keep it on outside benchmarks",
+        )
     if not e.enable_chunked_prefill and e.max_num_batched_tokens < e.max_model_len:
         plan.error(
             "spec.engine.maxNumBatchedTokens",
@@ -192,32 +346,64 @@ def _check_batching(plan: Plan, spec: QwenDeploymentSpec) -> None:
 
 
 def _weight_bytes(model: ModelInfo, quant: str | None) -> int:
-    if model.checkpoint_quantization is None and quant == "fp8":
+    if model.checkpoint_quantization is None and quant in ONLINE_FP8:
         return int(model.weight_bytes * ONLINE_FP8_RATIO)
     return model.weight_bytes
+
+
+def activation_bytes_per_token(tp: int) -> int:
+    """The profile forward's transient peak per batched token on one GPU (measured at TP 1, 2, 4)."""
+    return ACTIVATION_BYTES_PER_BATCHED_TOKEN.get(tp, 6 * 25_600 // tp + 40_968)
+
+
+def runtime_memory(
+    model: ModelInfo, tp: int, max_num_batched_tokens: int, max_num_seqs: int, cuda_graphs: bool = True
+) -> RuntimeMemory:
+    """vLLM 0.32's non-weight, non-KV memory on one GPU of a replica (docs/capacity-planning.md)."""
+    rows = min(max_num_seqs, max_num_batched_tokens)  # _dummy_run samples at most one row per token
+    hidden = max_num_batched_tokens * model.hidden_size * 2  # the forward's output, alive while sampling
+    return RuntimeMemory(
+        forward_bytes=max_num_batched_tokens * activation_bytes_per_token(tp),
+        sampler_bytes=int(SAMPLER_BYTES_PER_LOGIT * rows * model.vocab_size) + hidden,
+        non_torch_bytes=NON_TORCH_BASE_BYTES + NON_TORCH_PER_PEER_BYTES * (tp - 1),
+        cuda_graph_bytes=CUDA_GRAPH_BYTES if cuda_graphs else 0,
+    )
+
+
+def kv_tokens(budget_bytes_per_gpu: int, gpus: int, kv_bytes_per_token: int) -> int:
+    """Tokens the KV pool of a replica holds, in whole 16-token blocks as vLLM allocates them."""
+    blocks = max(budget_bytes_per_gpu, 0) * gpus // (kv_bytes_per_token * KV_BLOCK_TOKENS)
+    return blocks * KV_BLOCK_TOKENS
 
 
 def _compute_memory(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo, gpu: GpuInfo) -> None:
     tp, pp = plan.tensor_parallel_size, plan.pipeline_parallel_size
     if plan.errors and any(p.startswith("spec.parallelism") for p, _ in plan.errors):
         return
+    e = spec.engine
     draft = _draft_bytes(spec)
     plan.weights_bytes_per_gpu = (_weight_bytes(model, plan.quantization) + draft) // (tp * pp)
-    plan.kv_bytes_per_token = model.kv_bytes_per_token(1 if plan.kv_cache_dtype == "fp8" else 2)
-    usable = int(gpu.memory_bytes * spec.engine.gpu_memory_utilization)
-    budget = usable - plan.weights_bytes_per_gpu - RUNTIME_OVERHEAD_BYTES
+    kv_dtype_bytes = 1 if plan.kv_cache_dtype == "fp8" else 2
+    plan.draft_kv_bytes_per_token = _draft_kv_bytes_per_token(spec, kv_dtype_bytes)
+    plan.kv_bytes_per_token = model.kv_bytes_per_token(kv_dtype_bytes) + plan.draft_kv_bytes_per_token
+    cuda_graphs = "--enforce-eager" not in e.extra_args
+    runtime = runtime_memory(model, tp, e.max_num_batched_tokens, e.max_num_seqs, cuda_graphs)
+    plan.runtime = runtime
+    usable = int(gpu.memory_bytes * e.gpu_memory_utilization)
+    budget = usable - plan.weights_bytes_per_gpu - runtime.total_bytes
     plan.kv_budget_bytes_per_gpu = max(budget, 0)
     # Each GPU holds 1/TP of the KV heads and 1/PP of the layers of every token.
-    plan.kv_tokens_per_replica = plan.kv_budget_bytes_per_gpu * tp * pp // plan.kv_bytes_per_token
+    plan.kv_tokens_per_replica = kv_tokens(budget, tp * pp, plan.kv_bytes_per_token)
     plan.max_concurrent_at_max_model_len = plan.kv_tokens_per_replica // plan.max_model_len
-    needed = plan.weights_bytes_per_gpu + RUNTIME_OVERHEAD_BYTES
+    needed = plan.weights_bytes_per_gpu + runtime.total_bytes
     if budget <= 0:
         plan.error(
             "spec.gpu.type",
-            f"weights need {gib(plan.weights_bytes_per_gpu)} per GPU plus {gib(RUNTIME_OVERHEAD_BYTES)} "
-            f"runtime = {gib(needed)}, but {gpu.type} offers {gib(usable)} at gpuMemoryUtilization "
-            f"{spec.engine.gpu_memory_utilization}; use more GPUs (spec.parallelism.tensor), a quantized "
-            "checkpoint or a larger GPU",
+            f"weights need {gib(plan.weights_bytes_per_gpu)} per GPU plus {gib(runtime.total_bytes)} "
+            f"runtime ({_runtime_terms(runtime, e.max_num_batched_tokens, e.max_num_seqs)}) = "
+            f"{gib(needed)}, but {gpu.type} offers {gib(usable)} at gpuMemoryUtilization "
+            f"{e.gpu_memory_utilization}; use more GPUs (spec.parallelism.tensor), a quantized "
+            "checkpoint, a larger GPU or a smaller maxNumBatchedTokens",
         )
     elif plan.max_concurrent_at_max_model_len < 1:
         seq = plan.max_model_len * plan.kv_bytes_per_token
@@ -225,14 +411,70 @@ def _compute_memory(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo, gpu:
             "spec.engine.maxModelLen",
             f"one {plan.max_model_len}-token sequence needs {gib(seq)} of KV cache but a replica has "
             f"{gib(plan.kv_budget_bytes_per_gpu * tp * pp)} ({plan.kv_tokens_per_replica} tokens) after "
-            f"{gib(plan.weights_bytes_per_gpu)} of weights per GPU; lower maxModelLen, use kvCacheDtype fp8, "
-            "more GPUs or a quantized checkpoint",
+            f"{gib(plan.weights_bytes_per_gpu)} of weights and {gib(runtime.total_bytes)} runtime "
+            f"({_runtime_terms(runtime, e.max_num_batched_tokens, e.max_num_seqs)}) per GPU; lower "
+            "maxModelLen or maxNumBatchedTokens, use kvCacheDtype fp8, more GPUs or a quantized checkpoint",
         )
     elif plan.max_concurrent_at_max_model_len < LOW_CONCURRENCY:
         plan.warn(
             "spec.engine.maxModelLen",
             f"only {plan.max_concurrent_at_max_model_len} request(s) of {plan.max_model_len} tokens fit at "
             "once; long prompts will queue",
+        )
+
+
+def _runtime_terms(runtime: RuntimeMemory, batched_tokens: int, seqs: int) -> str:
+    peak = (
+        f"activations of {batched_tokens} batched tokens {gib(runtime.forward_bytes)}"
+        if runtime.forward_bytes >= runtime.sampler_bytes
+        else f"sampler over {seqs} sequences {gib(runtime.sampler_bytes)}"
+    )
+    return f"{peak}, non-torch {gib(runtime.non_torch_bytes)}, CUDA graphs {gib(runtime.cuda_graph_bytes)}"
+
+
+def prefill_step_flops(model: ModelInfo, chunk_tokens: int, context_tokens: int) -> tuple[float, float]:
+    """FLOPs (linear layers, attention) of one prefill chunk of chunk_tokens ending at position
+    context_tokens, whole model: 2 per weight per token on the linear layers (embeddings and lm_head
+    aside), and causal attention's QK^T and PV over the prefix, 2 x 2 x heads x head_dim per pair."""
+    linear_params = model.parameters - 2 * model.vocab_size * model.hidden_size
+    pairs = chunk_tokens * (context_tokens - chunk_tokens / 2)
+    attention = 4 * model.num_layers * model.num_attention_heads * model.head_dim * pairs
+    return 2 * linear_params * chunk_tokens, attention
+
+
+def prefill_step_seconds(
+    model: ModelInfo, gpu_type: str, tp: int, chunk_tokens: int, context_tokens: int
+) -> float | None:
+    """Expected duration of that step on a replica: each GPU does 1/TP of it; pipeline stages run it
+    one after another, so PP does not shorten a step. None when the GPU's TFLOP/s are unknown."""
+    peak = BF16_DENSE_TFLOPS.get(gpu_type)
+    if peak is None:
+        return None
+    linear, attention = prefill_step_flops(model, chunk_tokens, context_tokens)
+    rate = peak * 1e12
+    return (linear / (LINEAR_EFFICIENCY * rate) + attention / (ATTENTION_EFFICIENCY * rate)) / tp
+
+
+def _check_prefill(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo, gpu: GpuInfo) -> None:
+    """The longest step: a chunk of maxNumBatchedTokens at the end of a maxModelLen prompt."""
+    e = spec.engine
+    chunk = min(e.max_num_batched_tokens, e.max_model_len)
+    plan.prefill_step_seconds = prefill_step_seconds(
+        model, gpu.type, plan.tensor_parallel_size, chunk, e.max_model_len
+    )
+    stall = "every running stream waits for that step, so inter-token latency spikes to match"
+    if plan.prefill_step_seconds is not None and plan.prefill_step_seconds > PREFILL_STEP_WARN_SECONDS:
+        plan.warn(
+            "spec.engine.maxNumBatchedTokens",
+            f"a {chunk}-token prefill step at {e.max_model_len} tokens of context takes about "
+            f"{plan.prefill_step_seconds:.0f} s on {plan.tensor_parallel_size} x {gpu.type} "
+            f"(above {PREFILL_STEP_WARN_SECONDS:g} s): {stall}; lower maxNumBatchedTokens (8192 or less)",
+        )
+    elif plan.prefill_step_seconds is None and e.max_num_batched_tokens > LARGE_BATCHED_TOKENS:
+        plan.warn(
+            "spec.engine.maxNumBatchedTokens",
+            f"{e.max_num_batched_tokens} tokens per step (above {LARGE_BATCHED_TOKENS}): a long prompt "
+            f"is prefilled in few huge steps and {stall}; lower maxNumBatchedTokens (8192 or less)",
         )
 
 
@@ -243,6 +485,15 @@ def _draft_bytes(spec: QwenDeploymentSpec) -> int:
     return DRAFT_MODEL_BYTES.get(spec_dec.model, 0)
 
 
+def _draft_kv_bytes_per_token(spec: QwenDeploymentSpec, kv_dtype_bytes: int) -> int:
+    """K and V of a draft model's layers for one token: vLLM keeps them in the target's KV pool."""
+    spec_dec = spec.engine.speculative
+    if spec_dec is None or spec_dec.method != "draft_model" or spec_dec.model not in DRAFT_MODEL_LAYERS:
+        return 0
+    layers = DRAFT_MODEL_LAYERS[spec_dec.model]
+    return 2 * layers * DRAFT_MODEL_KV_HEADS * DRAFT_MODEL_HEAD_DIM * kv_dtype_bytes
+
+
 def _check_speculative(plan: Plan, spec: QwenDeploymentSpec) -> None:
     spec_dec = spec.engine.speculative
     if spec_dec is None or spec_dec.method == "ngram":
@@ -251,5 +502,17 @@ def _check_speculative(plan: Plan, spec: QwenDeploymentSpec) -> None:
         kind = "draft model" if spec_dec.method == "draft_model" else f"{spec_dec.method} head"
         plan.warn(
             "spec.engine.speculative.model",
-            f"{kind} {spec_dec.model!r} is not in the catalog: its memory is not in this plan",
+            f"{kind} {spec_dec.model!r} is not in the catalog: its weights and KV cache are not in this plan",
+        )
+        return
+    if spec_dec.method == "draft_model" and plan.max_model_len > DRAFT_MODEL_MAX_POSITIONS:
+        # vllm/config/speculative.py: the draft keeps its own config (max_position_embeddings 40,960,
+        # no rope scaling) while the proposer feeds it positions up to the target's max_model_len; only
+        # EAGLE drafts get their rotary cache raised to the target's length (vLLM #48894).
+        plan.error(
+            "spec.engine.speculative.model",
+            f"draft model {spec_dec.model} has {DRAFT_MODEL_MAX_POSITIONS} positions and no YaRN, but "
+            f"maxModelLen {plan.max_model_len} feeds it positions up to that: vLLM 0.32 raises the rotary "
+            "table only for EAGLE drafts, so long requests would index past it; keep maxModelLen at "
+            f"{DRAFT_MODEL_MAX_POSITIONS} or less with a draft model, or use ngram speculation",
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .catalog import GPU_PRODUCT_LABEL, GPUS
+from .catalog import GPU_PRODUCT_LABEL
 from .spec import GpuPool
 
 #: Taint effects that keep a pod off a node unless it tolerates them.
@@ -38,7 +38,7 @@ class NodePool:
         affinity = gpu.affinity
         if affinity is None and gpu.node_selector is None:
             # Default pool: every node labelled with one of the GPU type's product names.
-            term = {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": list(GPUS[gpu.type].product_labels)}
+            term = {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": list(gpu.info().product_labels)}
             affinity = {
                 "nodeAffinity": {
                     "requiredDuringSchedulingIgnoredDuringExecution": {

@@ -12,6 +12,7 @@ from typing import Any
 from .catalog import GIB
 from .engine import check_extra_args, command_line
 from .plan import Plan, make_plan
+from .queueing import check_pass_through
 from .spec import QwenDeployment, parse
 
 
@@ -41,11 +42,16 @@ class Review:
             "kvCacheDtype": p.kv_cache_dtype,
             "weightsGiBPerGpu": round(p.weights_bytes_per_gpu / GIB, 2),
             "kvCacheGiBPerGpu": round(p.kv_budget_bytes_per_gpu / GIB, 2),
+            "runtimeGiBPerGpu": round(p.runtime.total_bytes / GIB, 2) if p.runtime else None,
             "kvBytesPerToken": p.kv_bytes_per_token,
             "kvTokensPerReplica": p.kv_tokens_per_replica,
             "maxModelLen": p.max_model_len,
             "maxConcurrentAtMaxModelLen": p.max_concurrent_at_max_model_len,
             "yarnFactor": p.yarn.factor if p.yarn else None,
+            "prefillStepSeconds": (
+                None if p.prefill_step_seconds is None else round(p.prefill_step_seconds, 2)
+            ),
+            "requestTimeoutSeconds": p.request_timeout_seconds,
             "engineArgs": self.command,
             "warnings": [f"{path}: {msg}" for path, msg in p.warnings],
             "errors": [f"{path}: {msg}" for path, msg in p.errors],
@@ -56,6 +62,7 @@ def review(body: dict[str, Any]) -> Review:
     """Parse and plan a QwenDeployment body; raises SpecError when it does not parse."""
     resource = parse(body)
     plan = make_plan(resource.spec)
+    check_pass_through(resource.spec, plan)
     for path, message in check_extra_args(resource.spec.engine.extra_args):
         plan.error(path, message)
     command = command_line(resource.spec, plan) if plan.fits else []

@@ -13,7 +13,14 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from .catalog import DEFAULT_ENGINE_IMAGE, MAX_CONTEXT
+from .catalog import (
+    CONFIG_MAX_POSITIONS,
+    DEFAULT_ENGINE_IMAGE,
+    GPUS,
+    MAX_CONTEXT,
+    GpuInfo,
+    architecture_of,
+)
 
 GROUP = "inference.qwenops.dev"
 VERSION = "v1alpha1"
@@ -21,8 +28,32 @@ KIND = "QwenDeployment"
 PLURAL = "qwendeployments"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-GpuType = Literal["A10-24GB", "L4-24GB", "L40S-48GB", "A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB"]
-Quantization = Literal["none", "fp8", "awq", "awq_marlin", "gptq", "gptq_marlin"]
+#: The catalog's GPU types (catalog.GPUS, same order), and Custom: a GPU declared in spec.gpu.custom.
+GpuType = Literal[
+    "A10-24GB",
+    "A10G-24GB",
+    "L4-24GB",
+    "RTX-4090-24GB",
+    "L40S-48GB",
+    "RTX-6000-Ada-48GB",
+    "A100-40GB",
+    "A100-80GB",
+    "H100-80GB",
+    "H100-NVL-94GB",
+    "H200-141GB",
+    "H200-NVL-141GB",
+    "RTX-PRO-6000-Blackwell-96GB",
+    "B200-180GB",
+    "Custom",
+]
+CUSTOM_GPU = "Custom"
+#: vLLM 0.32 --quantization values served here: the checkpoint's own method, or online FP8 of a 16-bit
+#: checkpoint (fp8_per_tensor, fp8_per_block; vllm/config/quantization.py `_ONLINE_SHORTHANDS`).
+Quantization = Literal[
+    "none", "fp8", "fp8_per_tensor", "fp8_per_block", "awq", "awq_marlin", "gptq", "gptq_marlin"
+]
+#: How a checkpoint's weights are stored (community checkpoints declare it).
+CheckpointQuantization = Literal["bf16", "fp8", "awq", "gptq"]
 KubeObject = Annotated[
     dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
 ]
@@ -42,6 +73,17 @@ Quantity = Annotated[
     ),
 ]
 DnsName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+
+_QUANTITY_FACTORS = {
+    "": 1, "m": 0.001, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+}  # fmt: skip
+
+
+def quantity_bytes(quantity: str) -> int:
+    """A Kubernetes quantity (already matched by the Quantity pattern) in bytes: `19.5G`, `94Gi`."""
+    number = quantity.rstrip("kmKMGTPi")
+    return int(float(number) * _QUANTITY_FACTORS[quantity[len(number) :]])
 
 
 class Model(BaseModel):
@@ -81,13 +123,35 @@ class ModelCache(Model):
     )
 
 
+class CommunityCheckpoint(Model):
+    """A Qwen3-32B checkpoint the catalog lacks (a community GPTQ, AWQ or FP8 build): the planner
+    checks it like a catalog model from what is declared here."""
+
+    quantization: CheckpointQuantization = Field(
+        description="How its weights are stored (`quant_method` of its config.json; bf16 for none). "
+        "gptq checkpoints are served with gptq or gptq_marlin, awq with awq or awq_marlin."
+    )
+    weight_size: Quantity = Field(
+        description="Bytes of its weights: the sum of its *.safetensors files, e.g. `19.3G` or `18Gi`."
+    )
+
+    @property
+    def weight_bytes(self) -> int:
+        return quantity_bytes(self.weight_size)
+
+
 class ModelSource(Model):
     """Which checkpoint to serve and where its weights come from."""
 
     name: str = Field(
         min_length=1,
         description="Hugging Face id of the checkpoint: Qwen/Qwen3-32B, Qwen/Qwen3-32B-FP8 or "
-        "Qwen/Qwen3-32B-AWQ.",
+        "Qwen/Qwen3-32B-AWQ, or any Qwen3-32B checkpoint declared in `checkpoint`.",
+    )
+    checkpoint: CommunityCheckpoint | None = Field(
+        default=None,
+        description="Declares a community Qwen3-32B checkpoint (same architecture, other storage) the "
+        "catalog lacks: its quantization and weight size. Not allowed for the catalog's own models.",
     )
     revision: str | None = Field(
         default=None, min_length=1, description="Git revision (tag or commit) to pin."
@@ -104,10 +168,68 @@ class ModelSource(Model):
     )
 
 
+class CustomGpu(Model):
+    """A GPU the catalog lacks, declared with the facts the plan needs."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*$",
+        description="Name shown in the plan.",
+    )
+    memory: Quantity = Field(
+        description="Total memory as the CUDA runtime reports it (torch.cuda.mem_get_info()[1], the "
+        "'total capacity' of a PyTorch out-of-memory message), a little below nvidia-smi's figure: "
+        "e.g. `79.1Gi` for an 80 GB card."
+    )
+    compute_capability: str = Field(
+        pattern=r"^[0-9]{1,2}\.[0-9]$",
+        description="CUDA compute capability, e.g. 8.0 (A100), 8.6 (A10), 8.9 (Ada), 9.0 (Hopper), "
+        "10.0 (B200), 12.0 (RTX PRO 6000 Blackwell); decides the fp8 KV cache attention backend.",
+    )
+    fp8_compute: bool | None = Field(
+        default=None,
+        description="FP8 tensor cores (W8A8). Default: compute capability 8.9 or newer.",
+    )
+    product_labels: list[str] = Field(
+        min_length=1,
+        description="Values of the node label nvidia.com/gpu.product of this GPU (GPU feature discovery).",
+    )
+
+    def info(self) -> GpuInfo:
+        major, minor = (int(n) for n in self.compute_capability.split("."))
+        fp8 = self.fp8_compute if self.fp8_compute is not None else (major, minor) >= (8, 9)
+        return GpuInfo(
+            type=self.name,
+            memory_bytes=quantity_bytes(self.memory),
+            fp8_compute=fp8,
+            architecture=architecture_of((major, minor)),
+            product_labels=tuple(self.product_labels),
+            compute_capability=(major, minor),
+        )
+
+
 class GpuPool(Model):
     """The GPU node pool the engine pods run on."""
 
-    type: GpuType = Field(description="GPU type; sets memory for the plan and the default node selection.")
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "(self.type == 'Custom') == has(self.custom)",
+                    "message": "type Custom needs custom (the GPU's memory, compute capability and "
+                    "product labels); other types take theirs from the catalog",
+                    "fieldPath": ".custom",
+                }
+            ]
+        }
+    )
+
+    type: GpuType = Field(
+        description="GPU type; sets memory for the plan and the default node selection. Custom: the GPU "
+        "declared in `custom`."
+    )
+    custom: CustomGpu | None = Field(default=None, description="A GPU the catalog lacks (type Custom).")
     gpus_per_node: int = Field(
         default=8, ge=1, le=16, description="GPUs on one node of the pool; a replica never spans nodes."
     )
@@ -120,6 +242,18 @@ class GpuPool(Model):
         default=None, description="Replaces the default toleration of the nvidia.com/gpu taint."
     )
     resource_name: str = Field(default="nvidia.com/gpu", description="Extended resource name of the GPU.")
+
+    @model_validator(mode="after")
+    def _custom_iff_type_custom(self) -> GpuPool:
+        if self.type == CUSTOM_GPU and self.custom is None:
+            raise field_error("custom", "type Custom needs custom (memory, computeCapability, productLabels)")
+        if self.type != CUSTOM_GPU and self.custom is not None:
+            raise field_error("custom", f"{self.type} is in the catalog; custom needs type Custom")
+        return self
+
+    def info(self) -> GpuInfo:
+        """The GPU's facts: the catalog's, or those declared in `custom`."""
+        return self.custom.info() if self.custom is not None else GPUS[self.type]
 
 
 class Parallelism(Model):
@@ -225,13 +359,17 @@ class Engine(Model):
     max_model_len: int = Field(
         default=32_768,
         ge=256,
-        description=f"Context length; above 32768 enables YaRN (at most {MAX_CONTEXT}).",
+        description=f"Context length; above {CONFIG_MAX_POSITIONS} enables YaRN (at most {MAX_CONTEXT}).",
     )
     max_num_seqs: int = Field(default=256, ge=1, le=4096, description="Requests batched at once per replica.")
     max_num_batched_tokens: int = Field(
         default=8192, ge=64, description="Token budget of one scheduler step (small: lower ITL, large: TTFT)."
     )
-    enable_chunked_prefill: bool = Field(default=True, description="Split long prompts across steps.")
+    enable_chunked_prefill: bool = Field(
+        default=True,
+        description="Split long prompts across steps. vLLM 0.32 warns that turning it off for this model "
+        "may crash the engine or give wrong output; the plan warns too.",
+    )
     enable_prefix_caching: bool = Field(
         default=True, description="Reuse KV blocks of shared prompt prefixes."
     )
@@ -239,7 +377,9 @@ class Engine(Model):
         default=0.9, gt=0.1, le=0.98, description="Share of each GPU's memory vLLM may use."
     )
     quantization: Quantization | None = Field(
-        default=None, description="Serving quantization. Default: the checkpoint's own (none for bf16)."
+        default=None,
+        description="Serving quantization. Default: the checkpoint's own (none for bf16). fp8_per_tensor "
+        "or fp8_per_block quantize a bf16 checkpoint to FP8 at load; fp8 serves an FP8 checkpoint.",
     )
     kv_cache_dtype: Literal["auto", "fp8"] = Field(
         default="auto", description="KV cache element type; fp8 halves KV bytes per token."
@@ -266,18 +406,40 @@ class Engine(Model):
 
 
 class ScalingBehavior(Model):
-    """HPA behaviour: how fast to add and remove replicas."""
+    """HPA behaviour: add replicas fast, remove them slowly. Engines take minutes to start, so the
+    defaults follow the engine's start-up budget (engine.probes.startupSeconds, default from the
+    weights); see docs/autoscaling.md."""
 
-    scale_up_stabilization_seconds: int = Field(default=0, ge=0, le=3600, description="Scale-up window.")
-    scale_down_stabilization_seconds: int = Field(
-        default=300, ge=0, le=3600, description="Scale-down window."
+    scale_up_stabilization_seconds: int = Field(
+        default=0, ge=0, le=3600, description="Scale-up window (0: act on the first high reading)."
     )
-    scale_up_pods: int = Field(default=2, ge=1, le=100, description="Pods added per minute at most.")
-    scale_down_pods: int = Field(default=1, ge=1, le=100, description="Pods removed per minute at most.")
+    scale_up_pods: int = Field(
+        default=2,
+        ge=1,
+        le=100,
+        description="Pods added per scale-up period at most (or the replica count doubled, if more).",
+    )
+    scale_up_period_seconds: int | None = Field(
+        default=None,
+        ge=15,
+        le=1800,
+        description="Scale-up period: the HPA adds no more pods until the last ones could be serving. "
+        "Default: the engine's start-up budget, at most 1800.",
+    )
+    scale_down_stabilization_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=3600,
+        description="Scale-down window: the queue must stay low this long before a replica is removed. "
+        "Default: the engine's start-up budget (time to get a removed replica back), 300 to 3600.",
+    )
+    scale_down_pods: int = Field(default=1, ge=1, le=100, description="Pods removed per scale-down period.")
+    scale_down_period_seconds: int = Field(default=300, ge=15, le=1800, description="Scale-down period.")
 
 
 class Autoscaling(Model):
-    """Queue-depth autoscaling on vllm:num_requests_waiting per engine pod."""
+    """Queue-depth autoscaling on the engines' waiting requests (vllm:num_requests_waiting per engine pod,
+    read by the HPA as the custom metric qwen_queue_depth)."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -293,13 +455,17 @@ class Autoscaling(Model):
 
     min_replicas: int = Field(default=1, ge=1, le=1000, description="Fewest replicas.")
     max_replicas: int = Field(ge=1, le=1000, description="Most replicas.")
-    target_queue_depth: int = Field(
-        default=5, ge=1, le=10_000, description="Average waiting requests per pod the HPA aims for."
+    target_queue_depth: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="Average waiting requests per engine pod the autoscaler aims for. Default: from the "
+        "plan, a tenth of the requests a replica runs at once (status.autoscaling shows it).",
     )
     driver: Literal["hpa", "keda"] = Field(
         default="hpa",
-        description="hpa: autoscaling/v2 on the custom metric (needs a custom metrics adapter); "
-        "keda: a ScaledObject with a Prometheus trigger.",
+        description="hpa: autoscaling/v2 on the pods custom metric qwen_queue_depth (needs "
+        "prometheus-adapter with the chart's rule); keda: a ScaledObject with a Prometheus trigger.",
     )
     prometheus_address: str | None = Field(
         default=None, description="Prometheus URL for the KEDA trigger (driver keda)."
@@ -365,11 +531,26 @@ class Gateway(Model):
         description="Secret whose every key is an API key id and value a key. Unset: no auth (not advised).",
     )
     rate_limit: RateLimit = Field(default_factory=RateLimit, description="Per-key rate limit.")
-    max_concurrent_requests: int = Field(default=512, ge=1, description="Requests proxied at once, all keys.")
-    queue_size: int = Field(default=256, ge=0, description="Requests waiting for a slot before 503s.")
+    max_concurrent_requests: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests passed to the engines at once (whole gateway). Default: what the engines "
+        "can run and queue at their most replicas, in every gateway pod. With autoscaling a lower value "
+        "is raised to that (a warning says so): the queue must reach the engines for the autoscaler to "
+        "see it.",
+    )
+    queue_size: int = Field(
+        default=256,
+        ge=0,
+        description="Requests waiting in the gateway once the pass-through limit is reached (whole "
+        "gateway); beyond it: 503.",
+    )
     queue_timeout_seconds: int = Field(default=30, ge=1, description="Longest wait for a slot.")
-    request_timeout_seconds: int = Field(
-        default=600, ge=1, description="Longest request, streaming included."
+    request_timeout_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="Longest request, streaming included. Default: the time to generate maxModelLen "
+        "tokens at a conservative 20 tokens/s per stream, plus 2 minutes, in whole minutes (see the plan).",
     )
     connect_timeout_seconds: int = Field(default=5, ge=1, le=60, description="Connect timeout to an engine.")
     image: str | None = Field(default=None, description="Gateway image (nginx + vllm-router).")

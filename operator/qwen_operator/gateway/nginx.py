@@ -42,7 +42,7 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
         "worker_processes": 2,
         # each proxied request holds a client and an upstream connection
         "worker_connections": max(4096, 4 * limits.in_flight),
-        "request_timeout": g.request_timeout_seconds,
+        "request_timeout": review.plan.request_timeout_seconds,
         "connect_timeout": g.connect_timeout_seconds,
         "rate_per_minute": limits.rate_per_minute,
         "spec_rate_per_minute": g.rate_limit.requests_per_minute,

@@ -41,7 +41,7 @@ def router_args(review: Review, wiring: Wiring = POD, limits: Limits | None = No
         "--prometheus-host", wiring.bind_host or "0.0.0.0",
         "--prometheus-port", str(wiring.router_metrics_port),
         # Long generations are not cut short; nginx uses the same budget.
-        "--request-timeout-secs", str(g.request_timeout_seconds),
+        "--request-timeout-secs", str(review.plan.request_timeout_seconds),
         # Admission: a token bucket of this pod's share of the slots, then a bounded wait queue.
         "--max-concurrent-requests", str(limits.max_concurrent),
         "--queue-size", str(limits.queue_size),

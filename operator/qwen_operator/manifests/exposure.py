@@ -54,7 +54,7 @@ def build_http_route(review: Review) -> dict[str, Any]:
                 "matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}],
                 "backendRefs": [{"name": names.client_service(qd), "port": g.service.port}],
                 # Gateway implementations default to short timeouts; streams may run this long.
-                "timeouts": {"request": f"{g.request_timeout_seconds}s"},
+                "timeouts": {"request": f"{review.plan.request_timeout_seconds}s"},
             }
         ],
     }

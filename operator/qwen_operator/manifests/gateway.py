@@ -84,7 +84,7 @@ def _nginx_container(review: Review, config: GatewayConfig) -> dict[str, Any]:
 
 def _router_container(review: Review, config: GatewayConfig) -> dict[str, Any]:
     w = config.wiring
-    timeout = review.resource.spec.gateway.request_timeout_seconds + DRAIN_DELAY_SECONDS
+    timeout = review.plan.request_timeout_seconds + DRAIN_DELAY_SECONDS
     # Keep routing until nginx has drained its in-flight streams (nginx removes its pid file on exit).
     wait_for_nginx = (
         "import os, time\n"
@@ -236,7 +236,7 @@ def build_gateway_deployment(review: Review, config: GatewayConfig) -> dict[str,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         # Streams in flight may run up to the request timeout after nginx stops accepting.
-        "terminationGracePeriodSeconds": g.request_timeout_seconds + DRAIN_DELAY_SECONDS + 10,
+        "terminationGracePeriodSeconds": review.plan.request_timeout_seconds + DRAIN_DELAY_SECONDS + 10,
         "affinity": _affinity(review),
         "topologySpreadConstraints": [
             {

@@ -1,29 +1,69 @@
-"""Queue-depth autoscaling of the engine Deployment: an HPA, or a KEDA ScaledObject."""
+"""Queue-depth autoscaling of the engine Deployment: an HPA, or a KEDA ScaledObject.
+
+Both read the engines' own waiting count. The gateway passes the engines everything they can run or
+queue (gateway/limits.py), so a growing queue shows up there and nowhere else first.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from .. import names
+from ..api.queueing import HPA_METRIC as HPA_METRIC  # the metric the HPA reads, named once there
+from ..api.queueing import QUEUE_METRIC as QUEUE_METRIC  # its source, vLLM's waiting count
+from ..api.queueing import keda_query, queueing
 from ..api.review import Review
+from .engine import startup_seconds
 from .meta import metadata
 
-#: Per-pod gauge of requests waiting for a batch slot; the HPA reads it through a custom metrics adapter.
-QUEUE_METRIC = "vllm:num_requests_waiting"
+#: Limits of autoscaling/v2 behaviour fields.
+HPA_MAX_PERIOD = 1800
+HPA_MAX_WINDOW = 3600
+#: Shortest default scale-down window, for engines whose start-up budget is small.
+MIN_SCALE_DOWN_WINDOW = 300
+
+
+def target_queue_depth(review: Review) -> int:
+    """The spec's targetQueueDepth, else the plan's default (api/queueing.py)."""
+    target = queueing(review.resource.spec, review.plan).target_queue_depth
+    assert target is not None, "only autoscaled specs have a target"
+    return target
+
+
+def scale_up_period(review: Review) -> int:
+    """Pods added within one period are sized on a queue they have not yet drained: wait about as long
+    as a new engine takes to start before adding more."""
+    b = review.resource.spec.autoscaling.behavior  # type: ignore[union-attr]
+    return b.scale_up_period_seconds or min(HPA_MAX_PERIOD, startup_seconds(review))
+
+
+def scale_down_window(review: Review) -> int:
+    """A removed replica takes a start-up to get back: remove one only after the queue stayed low that
+    long."""
+    b = review.resource.spec.autoscaling.behavior  # type: ignore[union-attr]
+    if b.scale_down_stabilization_seconds is not None:
+        return b.scale_down_stabilization_seconds
+    return min(HPA_MAX_WINDOW, max(MIN_SCALE_DOWN_WINDOW, startup_seconds(review)))
 
 
 def _behavior(review: Review) -> dict[str, Any]:
     b = review.resource.spec.autoscaling.behavior  # type: ignore[union-attr]
+    up = scale_up_period(review)
     return {
         "scaleUp": {
             "stabilizationWindowSeconds": b.scale_up_stabilization_seconds,
-            "policies": [{"type": "Pods", "value": b.scale_up_pods, "periodSeconds": 60}],
+            "policies": [
+                {"type": "Pods", "value": b.scale_up_pods, "periodSeconds": up},
+                {"type": "Percent", "value": 100, "periodSeconds": up},
+            ],
             "selectPolicy": "Max",
         },
         "scaleDown": {
-            "stabilizationWindowSeconds": b.scale_down_stabilization_seconds,
-            "policies": [{"type": "Pods", "value": b.scale_down_pods, "periodSeconds": 60}],
-            "selectPolicy": "Max",
+            "stabilizationWindowSeconds": scale_down_window(review),
+            "policies": [
+                {"type": "Pods", "value": b.scale_down_pods, "periodSeconds": b.scale_down_period_seconds}
+            ],
+            "selectPolicy": "Min",
         },
     }
 
@@ -44,8 +84,8 @@ def build_hpa(review: Review) -> dict[str, Any]:
                 {
                     "type": "Pods",
                     "pods": {
-                        "metric": {"name": QUEUE_METRIC},
-                        "target": {"type": "AverageValue", "averageValue": str(a.target_queue_depth)},
+                        "metric": {"name": HPA_METRIC},
+                        "target": {"type": "AverageValue", "averageValue": str(target_queue_depth(review))},
                     },
                 }
             ],
@@ -55,8 +95,9 @@ def build_hpa(review: Review) -> dict[str, Any]:
 
 
 def queue_query(review: Review) -> str:
+    """Requests waiting in all engines of the deployment; KEDA divides it by the threshold per replica."""
     qd = review.resource
-    return f'sum({QUEUE_METRIC}{{namespace="{qd.metadata.namespace}",service="{names.engine(qd)}"}})'
+    return keda_query(qd.metadata.namespace, qd.metadata.name)
 
 
 def build_scaled_object(review: Review) -> dict[str, Any]:
@@ -78,9 +119,14 @@ def build_scaled_object(review: Review) -> dict[str, Any]:
                     "metadata": {
                         "serverAddress": a.prometheus_address,
                         "query": queue_query(review),
-                        "threshold": str(a.target_queue_depth),
+                        "threshold": str(target_queue_depth(review)),
                     },
                 }
             ],
         },
     }
+
+
+def keda_hpa_name(review: Review) -> str:
+    """The HPA KEDA creates for the ScaledObject (its default name), which the status reads."""
+    return f"keda-hpa-{names.engine(review.resource)}"

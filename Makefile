@@ -18,12 +18,13 @@ $(VENV)/.installed: pyproject.toml images/operator/requirements.txt
 	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]' -c images/operator/requirements.txt
 	touch $@
 
-setup: $(VENV)/.installed ## venv, system packages, vLLM CPU env, dev cluster and real-node binaries, images (cached)
+setup: $(VENV)/.installed ## venv, system packages, vLLM CPU env, dev cluster and real-node binaries, images, monitoring CRDs (cached)
 	bash tools/system-packages.sh
 	$(PY) -m qwen_devtools.vllm_env
 	$(DEVCLUSTER) build --real-node
 	$(PY) -m qwen_devtools.realparts.exporters
 	$(PY) -m qwen_devtools.images build all
+	$(PY) -m qwen_devtools.monitoringstack build
 
 lint: $(VENV)/.installed ## ruff, mypy, import-linter
 	$(VENV)/bin/ruff check operator tests e2e tools bench

@@ -29,10 +29,22 @@ def find_go() -> str | None:
     return shutil.which("go") or (str(_GO_FALLBACK) if _GO_FALLBACK.exists() else None)
 
 
-def go_program(module: str, version: str, directory: str, binary: str) -> Path:
+def go_program(
+    module: str,
+    version: str,
+    directory: str,
+    binary: str,
+    *,
+    package: str = ".",
+    ldflags: str = "-s -w",
+    tags: str = "",
+    drop_replace: tuple[str, ...] = (),
+) -> Path:
     """A Go program built once from `module@version` into the cache; later calls only look it up.
 
     It lands in ``<cache>/<directory>-<version>/<binary>``; GoMissing when it must be built without Go.
+    ``package``, ``ldflags``, ``tags`` and ``drop_replace`` are those of `build_go_module`; several
+    programs of one module (``package="./cmd/x"``) share its directory.
     """
     out = cache_dir() / f"{directory}-{version}" / binary
     if out.exists():
@@ -40,8 +52,37 @@ def go_program(module: str, version: str, directory: str, binary: str) -> Path:
     go = find_go()
     if not go:
         raise GoMissing(f"Go (to build {binary})")
-    build_go_module(go, module, version, out)
+    build_go_module(
+        go, module, version, out, package=package, ldflags=ldflags, tags=tags, drop_replace=drop_replace
+    )
     return out
+
+
+def module_source(go: str, module: str, version: str) -> Path:
+    """The read-only directory of `module@version` in Go's module cache (downloaded if needed)."""
+    info = subprocess.run(
+        [go, "mod", "download", "-json", f"{module}@{version}"], check=True, capture_output=True, text=True
+    )
+    return Path(json.loads(info.stdout)["Dir"])
+
+
+def writable_copy(src: Path, dest: Path, drop_replace: tuple[str, ...] = (), go: str | None = None) -> Path:
+    """A writable copy of a module's source at ``dest``; its go.mod loses the ``drop_replace`` replaces.
+
+    A module whose go.mod replaces its own nested modules with local directories (prometheus-operator:
+    ``./pkg/apis/monitoring``) cannot be built from its module zip, which leaves nested modules out;
+    dropping those replaces builds it against the nested modules' published versions of the same tag.
+    """
+    shutil.copytree(src, dest)
+    for path in dest.rglob("*"):
+        path.chmod(path.stat().st_mode | 0o200)
+    dest.chmod(dest.stat().st_mode | 0o200)
+    if drop_replace:
+        assert go, "dropping replaces needs the go command"
+        subprocess.run(
+            [go, "mod", "edit", *(f"-dropreplace={m}" for m in drop_replace)], cwd=dest, check=True
+        )
+    return dest
 
 
 def build_go_module(
@@ -53,26 +94,27 @@ def build_go_module(
     package: str = ".",
     ldflags: str = "-s -w",
     tags: str = "",
+    drop_replace: tuple[str, ...] = (),
 ) -> None:
     """`go build` a main package of `module@version` into `out` (static, stripped).
 
     ``package`` is relative to the module's root (its root by default, ``./cmd/x`` for a subcommand);
-    ``ldflags`` and ``tags`` go to ``go build`` as they are (a version stamp, build tags).
+    ``ldflags`` and ``tags`` go to ``go build`` as they are (a version stamp, build tags);
+    ``drop_replace``: see `writable_copy` (the checksums of the modules they pointed at are then added
+    to go.sum, from the checksum database, as `-mod=mod` does).
     """
     print(f"[gotools] building {module}@{version} {package} into {out}", flush=True)
-    info = subprocess.run(
-        [go, "mod", "download", "-json", f"{module}@{version}"], check=True, capture_output=True, text=True
-    )
-    src = Path(json.loads(info.stdout)["Dir"])
+    src = module_source(go, module, version)
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp) / "src"
-        shutil.copytree(src, work)
-        for path in work.rglob("*"):
-            path.chmod(path.stat().st_mode | 0o200)
+        work = writable_copy(src, Path(tmp) / "src", drop_replace, go)
         out.parent.mkdir(parents=True, exist_ok=True)
+        # GOWORK=off: a go.work in the module zip (prometheus) lists nested modules the zip leaves out
+        env = {**os.environ, "CGO_ENABLED": "0", "GOWORK": "off"}
+        if drop_replace:
+            env["GOFLAGS"] = f"{env.get('GOFLAGS', '')} -mod=mod".strip()
         subprocess.run(
             [go, "build", "-trimpath", "-ldflags", ldflags, f"-tags={tags}", "-o", str(out), package],
             cwd=work,
             check=True,
-            env={**os.environ, "CGO_ENABLED": "0"},
+            env=env,
         )

@@ -53,6 +53,33 @@ DEBIAN_SUITE = "bookworm"
 #: The test-only vLLM CPU engine image built here (images/engine-cpu): spec.engine.image on the dev
 #: cluster's real node, which has no GPU.
 ENGINE_CPU_IMAGE = f"localhost/qwen-vllm-cpu:{VLLM}"
+#: The dev cluster's monitoring stack (qwen_devtools.monitoringstack), every part from a Go module.
+#: prometheus-operator: the operator, its config reloader and the monitoring.coreos.com
+#: API types the CRDs are generated from, all of one tag: v0.93.0 is the newest tag whose main, API and
+#: client modules the module proxy here all serves (pkg/client v0.94.0 and the main module v0.95.x: no).
+PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator"
+PROMETHEUS_OPERATOR = "v0.93.0"
+#: controller-gen (sigs.k8s.io/controller-tools), which writes CRDs from Go API types.
+CONTROLLER_TOOLS = "v0.23.0"
+#: KEDA, whose keda.sh/v1alpha1 types give the ScaledObject CRD (the KEDA operator is not run here).
+KEDA_MODULE = "github.com/kedacore/keda/v2"
+KEDA = "v2.21.0"
+#: Prometheus of the stack: prometheus-operator v0.93.0's default (the newest of its compatibility
+#: matrix), built from the Go module tagged v0.313.1 for Prometheus 3.13.1. Not Debian's 2.42 package,
+#: which is built without Kubernetes service discovery (its promtool refuses `kubernetes_sd_configs`).
+PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
+PROMETHEUS_MODULE_VERSION = "v0.313.1"
+PROMETHEUS = "3.13.1"
+#: prometheus-adapter: serves custom.metrics.k8s.io from Prometheus queries.
+PROMETHEUS_ADAPTER_MODULE = "sigs.k8s.io/prometheus-adapter"
+PROMETHEUS_ADAPTER = "v0.12.0"
+#: Tagged as the upstream images are, so the stack runs as a user's cluster runs it.
+PROMETHEUS_IMAGE = f"quay.io/prometheus/prometheus:v{PROMETHEUS}"
+PROMETHEUS_OPERATOR_IMAGE = f"quay.io/prometheus-operator/prometheus-operator:{PROMETHEUS_OPERATOR}"
+PROMETHEUS_CONFIG_RELOADER_IMAGE = (
+    f"quay.io/prometheus-operator/prometheus-config-reloader:{PROMETHEUS_OPERATOR}"
+)
+PROMETHEUS_ADAPTER_IMAGE = f"registry.k8s.io/prometheus-adapter/prometheus-adapter:{PROMETHEUS_ADAPTER}"
 
 
 def kubernetes_minor() -> str:

@@ -54,6 +54,17 @@ class ImageSpec:
     program: Callable[[], Path] | None = None
 
 
+def _monitoring(function: str) -> Callable[[], Path]:
+    """A program of the monitoring stack, looked up when built (monitoringstack imports this package)."""
+
+    def program() -> Path:
+        from .. import monitoringstack
+
+        return Path(getattr(monitoringstack, function)())
+
+    return program
+
+
 SPECS: dict[str, ImageSpec] = {
     spec.name: spec
     for spec in (
@@ -99,6 +110,39 @@ SPECS: dict[str, ImageSpec] = {
             base_arg=None,
             pins={"MODULE": versions.NGINX_EXPORTER_MODULE, "VERSION": versions.NGINX_EXPORTER},
             program=nginx_exporter_bin,
+        ),
+        # The dev cluster's monitoring stack (qwen_devtools.monitoringstack).
+        ImageSpec(
+            name="prometheus",
+            ref=versions.PROMETHEUS_IMAGE,
+            dockerfile=Path("images/prometheus/Dockerfile"),
+            base_arg=None,
+            pins={"MODULE": versions.PROMETHEUS_MODULE, "VERSION": versions.PROMETHEUS_MODULE_VERSION},
+            program=_monitoring("prometheus_bin"),
+        ),
+        ImageSpec(
+            name="prometheus-operator",
+            ref=versions.PROMETHEUS_OPERATOR_IMAGE,
+            dockerfile=Path("images/prometheus-operator/Dockerfile"),
+            base_arg=None,
+            pins={"MODULE": versions.PROMETHEUS_OPERATOR_MODULE, "VERSION": versions.PROMETHEUS_OPERATOR},
+            program=_monitoring("prometheus_operator_bin"),
+        ),
+        ImageSpec(
+            name="prometheus-config-reloader",
+            ref=versions.PROMETHEUS_CONFIG_RELOADER_IMAGE,
+            dockerfile=Path("images/prometheus-config-reloader/Dockerfile"),
+            base_arg=None,
+            pins={"MODULE": versions.PROMETHEUS_OPERATOR_MODULE, "VERSION": versions.PROMETHEUS_OPERATOR},
+            program=_monitoring("config_reloader_bin"),
+        ),
+        ImageSpec(
+            name="prometheus-adapter",
+            ref=versions.PROMETHEUS_ADAPTER_IMAGE,
+            dockerfile=Path("images/prometheus-adapter/Dockerfile"),
+            base_arg=None,
+            pins={"MODULE": versions.PROMETHEUS_ADAPTER_MODULE, "VERSION": versions.PROMETHEUS_ADAPTER},
+            program=_monitoring("adapter_bin"),
         ),
     )
 }

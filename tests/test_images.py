@@ -236,6 +236,14 @@ EXPECTED_CONFIG = {
     "operator": (("qwen-operator",), ("run", "--all-namespaces", "--metrics-port", "8080"), "65532:65532"),
     "gateway": (("vllm-router",), (), "10001:10001"),
     "engine-cpu": (tuple(ENGINE_COMMAND), (), ""),
+    "prometheus-server": (
+        ("/bin/prometheus",),
+        ("--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"),
+        "65534:65534",
+    ),
+    "prometheus-operator": (("/bin/operator",), (), "65534:65534"),
+    "prometheus-config-reloader": (("/bin/prometheus-config-reloader",), (), "65534:65534"),
+    "prometheus-adapter": (("/adapter",), (), "65534:65534"),
     # the upstream images' entrypoints (the gateway pod passes only args to them)
     "nginxlog-exporter": (("/prometheus-nginxlog-exporter",), (), ""),
     "nginx-exporter": (("/usr/bin/nginx-prometheus-exporter",), (), "65534:65534"),

@@ -92,7 +92,9 @@ def _build(spec: ImageSpec, archive: Path) -> None:
     step = time.monotonic()
     podman.save(spec.ref, archive)
     progress("images", f"{name}: saved {archive} ({archive.stat().st_size / 2**30:.2f} GiB)", step)
-    for old in images_dir().glob(f"{name}-*.tar"):
+    # Older archives of this image only: `<name>-<content key>.tar`, never another image's whose name
+    # starts with this one's (prometheus-operator-<key>.tar is not an old prometheus archive).
+    for old in images_dir().glob(f"{name}-{'[0-9a-f]' * len(archive.stem.rsplit('-', 1)[1])}.tar"):
         if old != archive:
             old.unlink()
     if not spec.keep_in_store:

@@ -113,9 +113,10 @@ SPECS: dict[str, ImageSpec] = {
         ),
         # The dev cluster's monitoring stack (qwen_devtools.monitoringstack).
         ImageSpec(
-            name="prometheus",
+            # not "prometheus": archives are named <name>-<key>.tar, and a new one deletes <name>-*.tar
+            name="prometheus-server",
             ref=versions.PROMETHEUS_IMAGE,
-            dockerfile=Path("images/prometheus/Dockerfile"),
+            dockerfile=Path("images/prometheus-server/Dockerfile"),
             base_arg=None,
             pins={"MODULE": versions.PROMETHEUS_MODULE, "VERSION": versions.PROMETHEUS_MODULE_VERSION},
             program=_monitoring("prometheus_bin"),

@@ -42,10 +42,10 @@ unit: $(VENV)/.installed ## pure and real-process tests (no cluster)
 	QWEN_REQUIRE_REAL_PARTS=1 $(VENV)/bin/pytest tests $(PYTEST_ARGS)
 
 e2e: setup ## operator end to end on the dev cluster
-	QWEN_REQUIRE_REAL_PARTS=1 $(VENV)/bin/pytest e2e $(PYTEST_ARGS)
+	QWEN_REQUIRE_REAL_PARTS=1 $(VENV)/bin/pytest e2e -m "not bench" $(PYTEST_ARGS)
 
 test: setup lint verify ## everything CI runs: lint, drift checks, unit, real-process and e2e tests
-	QWEN_REQUIRE_REAL_PARTS=1 $(VENV)/bin/pytest tests e2e $(PYTEST_ARGS)
+	QWEN_REQUIRE_REAL_PARTS=1 $(VENV)/bin/pytest tests e2e -m "not bench" $(PYTEST_ARGS)
 
 demo: setup ## dev cluster with GPU pools, operator installed with the chart, an example QwenDeployment
 	$(PY) -m qwen_devtools.demo up
@@ -53,8 +53,9 @@ demo: setup ## dev cluster with GPU pools, operator installed with the chart, an
 demo-down: ## stop the demo cluster and operator
 	$(PY) -m qwen_devtools.demo down
 
-bench: setup ## gateway benchmark (prints ratios against direct engine access)
+bench: setup ## gateway benchmark (ratios against direct engine access); the autoscaling loop on the real node
 	$(PY) bench/gateway_bench.py
+	QWEN_REQUIRE_REAL_PARTS=1 $(VENV)/bin/pytest e2e -m bench -s $(PYTEST_ARGS)
 
 clean: ## remove the venv (the cache, ~/.cache/qwen-operator by default, stays)
 	rm -rf $(VENV) .devcluster

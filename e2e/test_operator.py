@@ -213,7 +213,8 @@ def test_invalid_spec_creates_nothing(cluster: Any, operator: OperatorProcess, n
     body["spec"]["gpu"]["type"] = "A100-40GB"
     apply(cluster, body)
     obj = wait_condition(cluster, namespace, "no-fit", "CapacityFit", "False")
-    assert "spec.gpu.type" in condition(obj, "CapacityFit")["message"]
+    # bf16 weights fit on 2 x A100-40GB, but not one 32K sequence of KV cache beside them
+    assert "spec.engine.maxModelLen: one 32768-token sequence" in condition(obj, "CapacityFit")["message"]
     assert condition(obj, "Ready")["reason"] == "DoesNotFit"
     left = kubectl_json(
         cluster, "-n", namespace, "get", "deploy,svc,cm,sa", "-l", "qwenops.dev/deployment=no-fit"

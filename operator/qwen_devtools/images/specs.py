@@ -65,6 +65,20 @@ def _monitoring(function: str) -> Callable[[], Path]:
     return program
 
 
+def _go_program_image(
+    name: str, ref: str, module: str, version: str, program: Callable[[], Path]
+) -> ImageSpec:
+    """An image FROM scratch holding one Go program built here (images/<name>/Dockerfile)."""
+    return ImageSpec(
+        name=name,
+        ref=ref,
+        dockerfile=Path(f"images/{name}/Dockerfile"),
+        base_arg=None,
+        pins={"MODULE": module, "VERSION": version},
+        program=program,
+    )
+
+
 SPECS: dict[str, ImageSpec] = {
     spec.name: spec
     for spec in (
@@ -95,55 +109,48 @@ SPECS: dict[str, ImageSpec] = {
             keep_in_store=False,
             build_args={"VLLM_VERSION": versions.VLLM},
         ),
-        ImageSpec(
-            name="nginxlog-exporter",
-            ref=versions.LOG_EXPORTER_IMAGE,
-            dockerfile=Path("images/nginxlog-exporter/Dockerfile"),
-            base_arg=None,
-            pins={"MODULE": versions.NGINXLOG_EXPORTER_MODULE, "VERSION": versions.NGINXLOG_EXPORTER},
-            program=nginxlog_exporter_bin,
+        _go_program_image(
+            "nginxlog-exporter",
+            versions.LOG_EXPORTER_IMAGE,
+            versions.NGINXLOG_EXPORTER_MODULE,
+            versions.NGINXLOG_EXPORTER,
+            nginxlog_exporter_bin,
         ),
-        ImageSpec(
-            name="nginx-exporter",
-            ref=versions.NGINX_EXPORTER_IMAGE,
-            dockerfile=Path("images/nginx-exporter/Dockerfile"),
-            base_arg=None,
-            pins={"MODULE": versions.NGINX_EXPORTER_MODULE, "VERSION": versions.NGINX_EXPORTER},
-            program=nginx_exporter_bin,
+        _go_program_image(
+            "nginx-exporter",
+            versions.NGINX_EXPORTER_IMAGE,
+            versions.NGINX_EXPORTER_MODULE,
+            versions.NGINX_EXPORTER,
+            nginx_exporter_bin,
         ),
         # The dev cluster's monitoring stack (qwen_devtools.monitoringstack).
-        ImageSpec(
-            # not "prometheus": archives are named <name>-<key>.tar, and a new one deletes <name>-*.tar
-            name="prometheus-server",
-            ref=versions.PROMETHEUS_IMAGE,
-            dockerfile=Path("images/prometheus-server/Dockerfile"),
-            base_arg=None,
-            pins={"MODULE": versions.PROMETHEUS_MODULE, "VERSION": versions.PROMETHEUS_MODULE_VERSION},
-            program=_monitoring("prometheus_bin"),
+        _go_program_image(
+            "prometheus-server",
+            versions.PROMETHEUS_IMAGE,
+            versions.PROMETHEUS_MODULE,
+            versions.PROMETHEUS_MODULE_VERSION,
+            _monitoring("prometheus_bin"),
         ),
-        ImageSpec(
-            name="prometheus-operator",
-            ref=versions.PROMETHEUS_OPERATOR_IMAGE,
-            dockerfile=Path("images/prometheus-operator/Dockerfile"),
-            base_arg=None,
-            pins={"MODULE": versions.PROMETHEUS_OPERATOR_MODULE, "VERSION": versions.PROMETHEUS_OPERATOR},
-            program=_monitoring("prometheus_operator_bin"),
+        _go_program_image(
+            "prometheus-operator",
+            versions.PROMETHEUS_OPERATOR_IMAGE,
+            versions.PROMETHEUS_OPERATOR_MODULE,
+            versions.PROMETHEUS_OPERATOR,
+            _monitoring("prometheus_operator_bin"),
         ),
-        ImageSpec(
-            name="prometheus-config-reloader",
-            ref=versions.PROMETHEUS_CONFIG_RELOADER_IMAGE,
-            dockerfile=Path("images/prometheus-config-reloader/Dockerfile"),
-            base_arg=None,
-            pins={"MODULE": versions.PROMETHEUS_OPERATOR_MODULE, "VERSION": versions.PROMETHEUS_OPERATOR},
-            program=_monitoring("config_reloader_bin"),
+        _go_program_image(
+            "prometheus-config-reloader",
+            versions.PROMETHEUS_CONFIG_RELOADER_IMAGE,
+            versions.PROMETHEUS_OPERATOR_MODULE,
+            versions.PROMETHEUS_OPERATOR,
+            _monitoring("config_reloader_bin"),
         ),
-        ImageSpec(
-            name="prometheus-adapter",
-            ref=versions.PROMETHEUS_ADAPTER_IMAGE,
-            dockerfile=Path("images/prometheus-adapter/Dockerfile"),
-            base_arg=None,
-            pins={"MODULE": versions.PROMETHEUS_ADAPTER_MODULE, "VERSION": versions.PROMETHEUS_ADAPTER},
-            program=_monitoring("adapter_bin"),
+        _go_program_image(
+            "prometheus-adapter",
+            versions.PROMETHEUS_ADAPTER_IMAGE,
+            versions.PROMETHEUS_ADAPTER_MODULE,
+            versions.PROMETHEUS_ADAPTER,
+            _monitoring("adapter_bin"),
         ),
     )
 }

@@ -15,7 +15,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -163,6 +163,23 @@ def _metric(url: str, name: str, **labels: str) -> float:
 
 def _engine_successes(engine: Proc) -> float:
     return _metric(f"{engine.url}/metrics", "vllm:request_success_total")
+
+
+def _access_log(
+    stack: GatewayStack, match: Callable[[dict[str, Any]], bool], what: str
+) -> list[dict[str, Any]]:
+    """The access-log entries that match, once there is one. nginx writes a request's line after its last
+    byte is sent (after a lingering close, once the client has closed), so a client that has its whole
+    response may look before the line is there."""
+    found: list[dict[str, Any]] = []
+
+    def present() -> bool:
+        lines = stack.procs["nginx"].log.read_text().splitlines()
+        found[:] = [e for e in (json.loads(x) for x in lines if x.startswith('{"time"')) if match(e)]
+        return bool(found)
+
+    wait_until(present, 20, what)
+    return found
 
 
 class RawStream:
@@ -390,16 +407,11 @@ def test_key_rotation_keeps_streams_and_takes_effect(live: Live) -> None:
     # The stream started before the reload, was still open when it began (nginx logs a request when it
     # ends: at or after the reload), and ends complete. (Whether it is still open once the new key works
     # depends on the machine's speed: the engine may finish 900 tokens first, into socket buffers.)
-    (entry,) = [
-        json.loads(line) for line in stack.procs["nginx"].log.read_text().splitlines() if request_id in line
-    ]
+    (entry,) = _access_log(stack, lambda e: e["request_id"] == request_id, "the stream's log line")
     ended = datetime.fromisoformat(entry["time"]).timestamp()
     assert ended >= reload_at and entry["status"] == "200", (entry, reload_at)
     assert data.rstrip().endswith(b"0") and b"data: [DONE]" in data, data[-200:]
     assert stream.completion_tokens() == 900
-    wait_until(lambda: request_id in stack.procs["nginx"].log.read_text(), 5, "the stream's log line")
-    line = next(x for x in stack.procs["nginx"].log.read_text().splitlines() if request_id in x)
-    assert json.loads(line)["status"] == "200"
     stack.set_api_keys(KEYS)
     wait_until(lambda: status(KEYS["team-b"]) == 200, 20, "team-b to be back")
 
@@ -409,10 +421,11 @@ def test_key_rotation_keeps_streams_and_takes_effect(live: Live) -> None:
 
 def test_access_log_is_json_with_the_key_id_never_the_key(live: Live) -> None:
     _post(live.main, "/v1/chat/completions", _chat("log me"), key_id="team-b")
+    mine = _access_log(
+        live.main, lambda e: e["key_id"] == "team-b" and e["route"] == "/v1/chat/completions", "the log line"
+    )
+    assert mine[-1]["status"] == "200" and mine[-1]["model"] == SERVED_MODEL
     log = live.main.procs["nginx"].log.read_text()
-    entries = [json.loads(line) for line in log.splitlines() if line.startswith('{"time"')]
-    mine = [e for e in entries if e["key_id"] == "team-b" and e["route"] == "/v1/chat/completions"]
-    assert mine and mine[-1]["status"] == "200" and mine[-1]["model"] == SERVED_MODEL
     assert float(mine[-1]["request_time"]) > 0
     for secret in [*KEYS.values(), ENGINE_KEY]:
         assert secret not in log

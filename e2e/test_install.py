@@ -93,7 +93,8 @@ def _ready(cluster: Any, namespace: str, name: str) -> dict[str, Any] | None:
 
 def test_chart_installs_in_a_restricted_namespace(cluster: Any, release: str) -> None:
     deployment = kubectl_json(cluster, "-n", release, "get", "deployment", ACCOUNT)
-    assert deployment["status"].get("availableReplicas") == 1, "the restricted namespace refused the pod"
+    replicas = deployment["spec"]["replicas"]
+    assert deployment["status"].get("availableReplicas") == replicas, "the restricted namespace refused a pod"
     crd = kubectl_json(cluster, "get", "crd", CRD)
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 
@@ -101,9 +102,11 @@ def test_chart_installs_in_a_restricted_namespace(cluster: Any, release: str) ->
 def test_namespaced_rbac_is_scoped_to_the_watched_namespace(
     cluster: Any, release: str, namespace: str
 ) -> None:
-    assert _can_i(cluster, release, "patch", "qwendeployments.inference.qwenops.dev/status", "-n", namespace)
+    qwd = "qwendeployments.inference.qwenops.dev"
+    assert _can_i(cluster, release, "patch", qwd, "--subresource=status", "-n", namespace)
+    assert not _can_i(cluster, release, "patch", qwd, "-n", namespace)  # only its status
     assert _can_i(cluster, release, "create", "deployments.apps", "-n", namespace)
-    assert _can_i(cluster, release, "list", "nodes")
+    assert not _can_i(cluster, release, "list", "nodes")  # free GPUs need cluster-wide pods: cluster scope
     assert not _can_i(cluster, release, "create", "deployments.apps", "-n", "default")
     assert not _can_i(cluster, release, "list", "qwendeployments.inference.qwenops.dev", "--all-namespaces")
     assert not _can_i(cluster, release, "get", "secrets", "-n", namespace)

@@ -7,6 +7,7 @@ kwok marked them ready; tests of a really serving stack are in test_real_serving
 
 from __future__ import annotations
 
+import base64
 import calendar
 import copy
 import json
@@ -41,7 +42,9 @@ def operator(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     install(cluster)
     tmp = tmp_path_factory.mktemp("operator")
     kubeconfig = service_account_kubeconfig(cluster, tmp / "kubeconfig")
-    proc = OperatorProcess(kubeconfig, tmp / "operator.log").start()
+    # Failing objects are retried after 1, 2, 4 s ... capped at 4 s here (60 s by default): short tests.
+    env = {"QWEN_OPERATOR_RETRY_MAX_SECONDS": "4"}
+    proc = OperatorProcess(kubeconfig, tmp / "operator.log", env=env).start()
     yield proc
     proc.stop()
     print(f"\n--- operator log (tail) ---\n{proc.tail(80)}")
@@ -402,3 +405,121 @@ def test_noop_resync_writes_nothing(
     assert writes == [], "writes after restart:\n" + "\n".join(
         f"{w['verb']} {w['requestURI']}" for w in writes
     )
+
+
+# --- nothing half-made, failures in the status ---------------------------------------------------------
+
+
+def events_about(cluster: Any, ns: str, name: str) -> list[dict[str, Any]]:
+    found = kubectl_json(
+        cluster, "-n", ns, "get", "events", "--field-selector", f"involvedObject.name={name}"
+    )
+    return list(found["items"])
+
+
+def test_a_taken_child_name_creates_nothing_and_says_so(
+    cluster: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    body = load_example(EXAMPLES[0], namespace)
+    body["metadata"]["name"] = "stranger"
+    secrets_for(cluster, body)
+    cluster.kubectl("-n", namespace, "create", "service", "clusterip", "stranger", "--tcp=80:80")
+    apply(cluster, body)
+    obj = wait_condition(cluster, namespace, "stranger", "Synced", "False")
+    synced = condition(obj, "Synced")
+    assert synced["reason"] == "ForeignObject", synced
+    assert f"Service {namespace}/stranger exists and is not owned by this QwenDeployment" in synced["message"]
+    assert "delete it, or rename the QwenDeployment" in synced["message"]
+    ready = condition(obj, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ForeignObject"), ready
+    children = kubectl_json(
+        cluster, "-n", namespace, "get", "deploy,svc,cm,sa,pdb", "-l", "qwenops.dev/deployment=stranger"
+    )
+    assert children["items"] == [], [c["metadata"]["name"] for c in children["items"]]
+    assert any(
+        e["reason"] == "ForeignObject" and e["type"] == "Warning"
+        for e in events_about(cluster, namespace, "stranger")
+    )
+    # The stranger goes: the retry (backoff capped at 4 s here) creates everything.
+    cluster.kubectl("-n", namespace, "delete", "service", "stranger")
+    obj = wait_condition(cluster, namespace, "stranger", "Ready", "True", timeout=120)
+    assert condition(obj, "Synced")["reason"] == "ReconcileSucceeded"
+    owners = kubectl_json(cluster, "-n", namespace, "get", "service", "stranger")["metadata"][
+        "ownerReferences"
+    ]
+    assert owners[0]["uid"] == obj["metadata"]["uid"]
+
+
+def test_without_a_named_key_secret_one_is_generated_and_never_overwritten(
+    cluster: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    body = load_example(EXAMPLES[0], namespace)
+    body["metadata"]["name"] = "keyless"
+    body["spec"]["gateway"].pop("apiKeysSecret", None)
+    apply(cluster, body)
+    obj = wait_condition(cluster, namespace, "keyless", "Ready", "True")
+    generated = "keyless-gateway-api-keys"
+    assert obj["status"]["gateway"] == {
+        "auth": "apiKeys",
+        "apiKeysSecret": generated,
+        "apiKeysSecretGenerated": True,
+    }
+    secret = kubectl_json(cluster, "-n", namespace, "get", "secret", generated)
+    (key,) = secret["data"].values()
+    assert len(key) >= 40  # 32 random bytes, url-safe base64, then base64 again
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+    volumes = kubectl_json(cluster, "-n", namespace, "get", "deployment", "keyless-gateway")["spec"][
+        "template"
+    ]
+    assert {"name": "api-keys", "secret": {"secretName": generated, "defaultMode": 0o440}} in volumes["spec"][
+        "volumes"
+    ]
+    # A key the user sets stays: the operator only ever creates the Secret.
+    cluster.kubectl("-n", namespace, "create", "secret", "generic", "mine", "--from-literal=default=sk-mine")
+    mine = kubectl_json(cluster, "-n", namespace, "get", "secret", "mine")["data"]
+    cluster.kubectl(
+        "-n", namespace, "patch", "secret", generated, "--type=merge", "-p", json.dumps({"data": mine})
+    )
+    patch_qwd(cluster, namespace, "keyless", '{"spec":{"gateway":{"replicas":3}}}')  # a reconcile after it
+    wait_until(
+        lambda: (
+            kubectl_json(cluster, "-n", namespace, "get", "deployment", "keyless-gateway")["spec"]["replicas"]
+            == 3
+        ),
+        60,
+        "the gateway scaled to 3",
+    )
+    assert kubectl_json(cluster, "-n", namespace, "get", "secret", generated)["data"] == mine
+    assert base64.b64decode(key).decode() not in operator.log_path.read_text()
+    # auth none is an explicit choice: no key volume, no generated Secret for a new deployment.
+    open_body = load_example(EXAMPLES[0], namespace)
+    open_body["metadata"]["name"] = "open"
+    open_body["spec"]["gateway"] = {"auth": "none"}
+    apply(cluster, open_body)
+    obj = wait_condition(cluster, namespace, "open", "Ready", "True")
+    assert obj["status"]["gateway"] == {"auth": "none", "apiKeysSecretGenerated": False}
+    assert kubectl_json(cluster, "-n", namespace, "get", "secret", "open-gateway-api-keys") is None
+
+
+def test_a_refused_update_says_so_while_the_previous_spec_serves(
+    cluster: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    body = load_example(EXAMPLES[0], namespace)
+    name = body["metadata"]["name"]
+    secrets_for(cluster, body)
+    apply(cluster, body)
+    before = wait_condition(cluster, namespace, name, "Ready", "True")
+    template = _engine(cluster, namespace, name)["spec"]["template"]
+    patch_qwd(cluster, namespace, name, '{"spec":{"parallelism":{"tensor":3}}}')
+    obj = wait_condition(cluster, namespace, name, "ConfigValid", "False")
+    assert (
+        obj["status"]["observedGeneration"]
+        == obj["metadata"]["generation"]
+        > before["metadata"]["generation"]
+    )
+    assert "spec.parallelism.tensor" in condition(obj, "ConfigValid")["message"]
+    ready = condition(obj, "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "ServingPreviousSpec"), ready
+    assert f"generation {obj['metadata']['generation']} is refused" in ready["message"]
+    assert obj["status"]["replicasSummary"] == before["status"]["replicasSummary"] != "0/0"
+    assert _engine(cluster, namespace, name)["spec"]["template"] == template  # nothing rolled out

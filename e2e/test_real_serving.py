@@ -308,4 +308,18 @@ def test_missing_api_key_secret_leaves_the_gateway_pod_waiting(served: Served) -
         )
 
     wait_until(waiting_for_the_secret, 120, "the gateway pod waiting for its API-key Secret", interval=2)
+
+    # The status names the Secret and the field (from kubelet's FailedMount event: no Secret is read).
+    def reported() -> dict[str, Any] | None:
+        qwd = served.kubectl_json("-n", NAMESPACE, "get", "qwd", "no-keys")
+        conditions = {c["type"]: c for c in qwd.get("status", {}).get("conditions", [])}
+        refs = conditions.get("ReferencesResolved", {})
+        return conditions if refs.get("status") == "False" else None
+
+    conditions = wait_until(reported, 90, "ReferencesResolved=False", interval=2)
+    assert conditions["ReferencesResolved"]["message"] == (
+        f"Secret {NAMESPACE}/no-keys-api-keys (spec.gateway.apiKeysSecret) does not exist: create it"
+    )
+    ready = conditions["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "MissingReference"), ready
     served.cluster.kubectl("-n", NAMESPACE, "delete", "qwd", "no-keys", "--wait=false")

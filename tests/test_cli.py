@@ -12,16 +12,21 @@ and, when the API server's schema or CEL rules catch it too (e2e/test_crd.py che
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, get_args
 
 import kubernetes_validate
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from qwen_operator.api.crd import crd
+from qwen_operator.api.engine import OWNED_FLAGS, REFUSED_FLAGS, REFUSED_VALUES
 from qwen_operator.api.review import review
+from qwen_operator.api.spec import OPERATOR_ENV, QwenDeploymentSpec
 from support import BAD_CRS, CRD_FILE, EXAMPLES, GOLDEN, BadCr, bad_cr, load, run_cli
 
 PLAN_KEYS = {
@@ -171,8 +176,62 @@ def test_render_examples() -> None:
 
 
 def test_the_corpus_is_large_enough() -> None:
-    assert len(BAD_CRS) >= 25
+    assert len(BAD_CRS) >= 60
     assert len({p.name[:2] for p in BAD_CRS}) == len(BAD_CRS), "numbers must be unique"
+    expected = [(bad_cr(p).field, bad_cr(p).message) for p in BAD_CRS]
+    assert len(set(expected)) == len(expected), "two files expect the same problem"
+
+
+#: A field path in a message: `spec.engine.maxModelLen`, `spec.engine.env[1].name`.
+_SPEC_PATH = re.compile(r"\bspec(?:\.[A-Za-z]+(?:\[\d+\])?)+")
+
+
+def _spec_field_exists(path: str) -> bool:
+    """Whether `spec.a.b` names a field of the QwenDeployment spec (camelCase, list indexes allowed);
+    below a free-form Kubernetes object (an env entry, a toleration) any key is taken as given."""
+    models: list[type[BaseModel]] = [QwenDeploymentSpec]
+    for part in re.sub(r"\[\d+\]", "", path).split(".")[1:]:
+        if not models:
+            return True
+        fields = [f for m in models for f in m.model_fields.values() if f.alias == part]
+        if not fields:
+            return False
+        models = [m for f in fields for m in _models_in(f.annotation)]
+    return True
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models inside an annotation (Optional, lists, unions, Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+_ERROR_LINE = re.compile(r"^error: .*?: QwenDeployment \S+: (?P<path>\S+): (?P<message>.*)$")
+
+
+def _messages_of_the_refusal_tables() -> list[str]:
+    owned = [o.message(flag) for flag, o in OWNED_FLAGS.items()]
+    return (
+        owned
+        + list(REFUSED_FLAGS.values())
+        + list(REFUSED_VALUES.values())
+        + [f"{name}: {field}" for name, field in OPERATOR_ENV.items() if field]
+    )
+
+
+def test_every_field_a_message_names_is_a_real_spec_path(
+    corpus_results: dict[tuple[str, str], subprocess.CompletedProcess[str]],
+) -> None:
+    errors = [
+        m for r in corpus_results.values() for line in r.stderr.splitlines() if (m := _ERROR_LINE.match(line))
+    ]
+    own = {e["path"] for e in errors if e["message"] != "unknown field" and e["path"].startswith("spec.")}
+    texts = [e["message"] for e in errors] + _messages_of_the_refusal_tables()
+    named = {m for text in texts for m in _SPEC_PATH.findall(text)}
+    assert len(own) >= 25 and len(named) >= 20  # the corpus and the tables reach most fields
+    assert [p for p in sorted(own | named) if not _spec_field_exists(p)] == []
+    assert not _spec_field_exists("spec.engine.port") and _spec_field_exists("spec.engine.speculative.model")
 
 
 @pytest.fixture(scope="module")

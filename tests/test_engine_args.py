@@ -16,6 +16,7 @@ from qwen_operator.api.engine import (
     ENGINE_COMMAND,
     OWNED_FLAGS,
     REFUSED_FLAGS,
+    REFUSED_VALUES,
     check_extra_args,
     command_line,
     engine_args,
@@ -199,6 +200,34 @@ def test_owned_flags_exist_in_vllm() -> None:
     known = vllm_flags()
     assert set(OWNED_FLAGS) <= set(known)
     assert set(REFUSED_FLAGS) <= set(known)
+    assert {flag for flag, _ in REFUSED_VALUES} <= {f for f, takes_value in known.items() if takes_value}
+
+
+def test_every_flag_the_operator_renders_is_owned() -> None:
+    # Each flag of the rendered command line is one extraArgs may not set again (an alias spelling too).
+    spec = parse(load(next(p for p in EXAMPLES if "128k" in p.name))).spec  # YaRN, speculation, fp8
+    rendered = {a for a in engine_args(spec, make_plan(spec)) if a.startswith("--")}
+    assert rendered <= set(OWNED_FLAGS)
+
+
+@pytest.mark.parametrize("flag", sorted(REFUSED_FLAGS))
+def test_every_refused_flag_says_what_to_do(flag: str) -> None:
+    args = [flag, "x"] if vllm_flags()[flag] else [flag]
+    (problem,) = check_extra_args(args)
+    assert problem[0] == "spec.engine.extraArgs[0]"
+    assert problem[1].startswith(f"{flag} is refused: ")
+    assert problem[1].endswith(("; remove it", "put the flags themselves in extraArgs"))
+
+
+@pytest.mark.parametrize("flag", sorted(OWNED_FLAGS))
+def test_every_owned_flag_names_its_field_or_says_it_has_none(flag: str) -> None:
+    args = [flag, "x"] if vllm_flags()[flag] else [flag]
+    (problem,) = check_extra_args(args)
+    owned = OWNED_FLAGS[flag]
+    if owned.field is None:
+        assert problem[1] == f"{flag} is set by the operator ({owned.why}); remove it"
+    else:
+        assert problem[1].startswith(f"{flag} is set by the operator from {owned.field}; use that field")
 
 
 # --- extraArgs -------------------------------------------------------------------------------------
@@ -222,6 +251,14 @@ def test_owned_flags_exist_in_vllm() -> None:
         ["-ep"],  # short forms longer than one letter
         ["-asc", "2"],
         ["--limit-mm-per-prompt", '{"image": 0}'],
+        ["--load-format", "safetensors"],  # only dummy (random weights) is refused
+        ["--load-format=runai_streamer"],
+        ["--no-trust-remote-code"],  # the default
+        # Decided on purpose (engine.REFUSED_FLAGS says why): inert without --allowed-origins, the KV
+        # events the gateway's kv_aware policy reads, the owner's choice of request logging.
+        ["--allow-credentials", "--allowed-methods", '["POST"]', "--allowed-headers", '["*"]'],
+        ["--kv-events-config", '{"enable_kv_cache_events": true, "publisher": "zmq"}'],
+        ["--enable-log-requests", "--enable-log-outputs", "--max-log-len", "100"],
     ],
 )
 def test_extra_args_accepted(args: list[str]) -> None:
@@ -242,9 +279,31 @@ def test_extra_args_accepted(args: list[str]) -> None:
         (["--no-enable-auto-tool-choice"], 0, "set by the operator from spec.engine.toolCalling"),
         (["--hf-overrides", "{}"], 0, "--hf-overrides is set by the operator from spec.engine.maxModelLen"),
         (["--api-key", "k"], 0, "--api-key is set by the operator from spec.engine.apiKeySecret"),
-        (["--port", "9000"], 0, "--port is set by the operator"),
+        (["--port", "9000"], 0,
+         "--port is set by the operator (the engine listens on 8000 for the gateway and probes); remove it"),
+        (["--host=::"], 0, "--host is set by the operator (the engine listens on all pod addresses"),
+        (["--hf-token", "hf_x"], 0, "--hf-token is set by the operator from spec.model.hfTokenSecret"),
+        (["-dp", "2"], 0, "-dp is set by the operator from spec.replicas; use that field (one engine pod"),
         (["--config", "/etc/vllm.yaml"], 0, "--config is refused: a config file could set the flags"),
         (["--help"], 0, "--help is refused"),
+        (["--model", "Qwen/Qwen3-8B"], 0, "--model is set by the operator from spec.model.name"),
+        (["--revision", "v2"], 0, "--revision is set by the operator from spec.model.revision"),
+        (["--tokenizer=Qwen/Qwen3-8B"], 0, "--tokenizer is refused: the tokenizer is the checkpoint's own"),
+        (["--tokenizer-revision", "v2"], 0, "the tokenizer follows the checkpoint's revision"),
+        (["--hf-config-path", "/cfg"], 0, "it replaces the checkpoint's config.json"),
+        (["--trust_remote_code"], 0, "--trust-remote-code is refused: it runs Python code"),
+        (["--dtype", "float32"], 0, "--dtype is refused: the capacity plan counts the weights"),
+        (["--runner", "pooling"], 0, "--runner is refused: the operator serves Qwen3-32B as a generative"),
+        (["--grpc"], 0, "--grpc is refused: it serves gRPC instead of the HTTP OpenAI API on port 8000"),
+        (["--grpc-port", "50051"], 0, "outside the gateway's keys and rate limits"),
+        (["--ssl-keyfile", "/k"], 0, "--ssl-keyfile is refused: TLS ends at the gateway's Ingress"),
+        (["--allowed-origins", '["*"]'], 0, "--allowed-origins is refused: it lets web pages"),
+        (["--disable-log-stats"], 0, "--disable-log-stats is refused: it also stops vLLM's Prometheus"),
+        (["--headless"], 0, "--headless is refused: it starts no API server"),
+        (["--nnodes", "2"], 0, "--nnodes is refused: a replica is one pod on one node"),
+        (["--data-parallel-address", "h"], 0, "--data-parallel-address is refused: a replica is one pod"),
+        (["--load-format", "dummy"], 1, "--load-format dummy is refused: it serves random weights"),
+        (["--load-format=dummy"], 0, "--load-format dummy is refused: it serves random weights"),
         (["--enforce-eagr"], 0, "--enforce-eagr is not a flag of vLLM 0.32.0 (did you mean --enforce-eager"),
         (["--rope-scaling", "{}"], 0, "--rope-scaling is not a flag of vLLM 0.32.0"),
         (["--speculative-model", "x"], 0, "--speculative-model is not a flag of vLLM 0.32.0"),
@@ -272,9 +331,14 @@ def test_extra_args_problems_make_the_plan_fail() -> None:
     body["spec"]["engine"] = {"extraArgs": ["--enforce-eager", "--max-num-seqs", "4"]}
     r = review(body)
     assert not r.ok and r.command == []
-    assert r.plan.errors == [
-        (
-            "spec.engine.extraArgs[1]",
-            "--max-num-seqs is set by the operator from spec.engine.maxNumSeqs; use that field",
-        )
-    ]
+    assert (
+        r.plan.errors
+        == r.plan.config_errors
+        == [
+            (
+                "spec.engine.extraArgs[1]",
+                "--max-num-seqs is set by the operator from spec.engine.maxNumSeqs; use that field",
+            )
+        ]
+    )
+    assert r.plan.capacity_errors == []  # a refused flag is a spec problem, not a capacity one

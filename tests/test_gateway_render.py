@@ -23,7 +23,7 @@ from qwen_operator import gateway, names, versions
 from qwen_operator.api.review import Review, review
 from qwen_operator.gateway import GATEWAY_METRICS_PORTS, Limits, config_files, router_args
 from qwen_operator.manifests.exposure import build_client_service, build_routes
-from qwen_operator.manifests.gateway import build_gateway
+from qwen_operator.manifests.gateway import GENERATED_KEY_ID, build_gateway, generated_api_keys_secret
 from support import EXAMPLES, REPO, load
 
 K8S_SCHEMA_VERSION = "1.36"  # the dev cluster's Kubernetes version
@@ -203,8 +203,24 @@ def test_secrets_are_mounted_as_files_for_rotation() -> None:
     assert volumes["engine-key"]["secret"]["items"] == [{"key": "token", "path": "token"}]
     nginx_env = _containers(rev)["nginx"].get("env", [])
     assert not any("valueFrom" in e for e in nginx_env)  # env would never change without a restart
-    no_auth = _pod(_review(apiKeysSecret=None))
+    no_auth = _pod(_review(apiKeysSecret=None, auth="none"))
     assert "api-keys" not in {v["name"] for v in no_auth["volumes"]}
+
+
+def test_without_a_named_secret_the_gateway_uses_the_generated_one() -> None:
+    rev = _review(apiKeysSecret=None)
+    volumes = {v["name"]: v for v in _pod(rev)["volumes"]}
+    name = f"{rev.resource.metadata.name}-gateway-api-keys"
+    assert volumes["api-keys"]["secret"]["secretName"] == name
+    secret = generated_api_keys_secret(rev, "sk-random")
+    assert secret is not None and secret["metadata"]["name"] == name
+    assert secret["stringData"] == {GENERATED_KEY_ID: "sk-random"}
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == UID  # it goes with the QwenDeployment
+    wiring = loopback_wiring(Path("/tmp/unused"), ["http://127.0.0.1:1"])
+    assert "keys.map" not in config_files(_review(apiKeysSecret=None, auth="none"), wiring)["nginx.conf"]
+    assert "keys.map" in config_files(rev, wiring)["nginx.conf"]
+    assert generated_api_keys_secret(_review(apiKeysSecret="chat-keys"), "k") is None
+    assert generated_api_keys_secret(_review(apiKeysSecret=None, auth="none"), "k") is None
 
 
 def test_router_discovers_the_engine_pods_of_this_deployment() -> None:

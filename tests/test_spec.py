@@ -10,8 +10,10 @@ from pydantic import ValidationError
 from qwen_operator.api import spec as api
 from qwen_operator.api.catalog import GIB, GPUS, MIB
 from qwen_operator.api.crd import crd
+from qwen_operator.api.review import review
 from qwen_operator.api.spec import SpecError, field_path, parse
-from support import EXAMPLES, example, load
+from qwen_operator.manifests import build_children
+from support import EXAMPLES, GOLDEN, example, load
 
 
 def problems(body: dict[str, Any]) -> list[tuple[str, str]]:
@@ -256,12 +258,174 @@ def test_bad_quantities(given: object) -> None:
     assert problems(with_engine(resources={"cpu": given}))[0][0] == "spec.engine.resources.cpu"
 
 
-def test_metadata_name_must_be_a_short_dns_label() -> None:
+@pytest.mark.parametrize("name", ["Chat_A100", "chat.v2", "1chat", "chat-", "-chat"])
+def test_metadata_name_must_be_a_dns_1035_label(name: str) -> None:
     body = example("a100-80gb-tp2-bf16")
-    body["metadata"]["name"] = "Chat_A100"
-    assert problems(body)[0][0] == "metadata.name"
-    body["metadata"]["name"] = "a" * 43  # children append suffixes; 63 is the label limit
-    assert problems(body)[0] == ("metadata.name", "String should have at most 42 characters")
+    body["metadata"]["name"] = name
+    assert problems(body) == [("metadata.name", api.NAME_RULES[1].message)]
+
+
+def test_metadata_name_at_most_the_limit() -> None:
+    body = example("a100-80gb-tp2-bf16")
+    body["metadata"]["name"] = "a" * api.MAX_NAME_LENGTH
+    assert parse(body).metadata.name == "a" * api.MAX_NAME_LENGTH
+    body["metadata"]["name"] = "a" * (api.MAX_NAME_LENGTH + 1)
+    assert problems(body) == [("metadata.name", api.NAME_RULES[0].message)]
+    assert f"at most {api.MAX_NAME_LENGTH} characters" in api.NAME_RULES[0].message
+
+
+def _label_bound_names(objects: list[dict[str, Any]]) -> dict[str, str]:
+    """What must be a DNS label of at most 63 characters -> where it comes from: Service names, label
+    values, and the pods of each Deployment, named `<deployment>-<pod-template-hash>-<random>`."""
+    found: dict[str, str] = {}
+
+    def labels(where: str, values: dict[str, str]) -> None:
+        for key, value in values.items():
+            found[value] = f"{where} label {key}"
+
+    for obj in objects:
+        meta, kind = obj["metadata"], obj["kind"]
+        labels(f"{kind} {meta['name']}", meta.get("labels", {}))
+        if kind == "Service":
+            found[meta["name"]] = "Service name"
+        if kind == "Deployment":
+            pod = f"{meta['name']}-{'h' * 10}-{'r' * 5}"
+            assert len(pod) == len(meta["name"]) + api.POD_NAME_SUFFIX
+            found[pod] = f"pod of Deployment {meta['name']}"
+            labels(f"pods of {meta['name']}", obj["spec"]["template"]["metadata"]["labels"])
+    return found
+
+
+def test_the_longest_child_name_is_exactly_at_the_dns_label_limit() -> None:
+    # Every child of a deployment that has them all, named as long as allowed: no name bound to 63
+    # characters is longer, and one reaches 63 exactly (so the limit is not lower than it must be).
+    body = load(GOLDEN / "inputs" / "everything.yaml")
+    body["metadata"]["name"] = "a" * api.MAX_NAME_LENGTH
+    objects = build_children(review(body)).objects
+    assert {"Service", "Deployment", "ScaledObject", "Ingress", "HTTPRoute"} <= {o["kind"] for o in objects}
+    bound = _label_bound_names(objects)
+    longest = max(bound, key=len)
+    assert len(longest) == 63, (longest, bound[longest])
+    assert bound[longest] == f"pod of Deployment {'a' * api.MAX_NAME_LENGTH}-gateway"
+    assert all(len(o["metadata"]["name"]) <= 253 for o in objects)  # the other kinds: DNS subdomains
+
+
+def test_operator_env_is_what_the_engine_container_gets() -> None:
+    # The names refused in engine.env are exactly those the engine builder sets (all of them appear in
+    # the golden input that turns on offline, hfTokenSecret and apiKeySecret).
+    body = load(GOLDEN / "inputs" / "everything.yaml")
+    rev = review(body)
+    engine = next(o for o in build_children(rev).objects if o["metadata"]["name"] == "everything-engine"
+                  and o["kind"] == "Deployment")  # fmt: skip
+    env = [e["name"] for e in engine["spec"]["template"]["spec"]["containers"][0]["env"]]
+    own = [e["name"] for e in body["spec"]["engine"]["env"]]
+    assert sorted(name for name in env if name not in own) == sorted(api.OPERATOR_ENV)
+
+
+@pytest.mark.parametrize("name", sorted(api.OPERATOR_ENV))
+def test_engine_env_may_not_set_what_the_operator_sets(name: str) -> None:
+    found = problems(with_engine(env=[{"name": "A", "value": "1"}, {"name": name, "value": "x"}]))
+    assert found == [("spec.engine.env[1].name", found[0][1])]
+    assert found[0][1].startswith(f"{name} is set by the operator")
+    field = api.OPERATOR_ENV[name]
+    assert (field is None) or f"from {field}; use that field" in found[0][1]
+
+
+def test_engine_env_entries_need_a_name() -> None:
+    assert problems(with_engine(env=[{"value": "x"}])) == [
+        ("spec.engine.env[0].name", "required field is missing (the variable's name)")
+    ]
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "vllm/vllm-openai:v0.32.0",
+        "registry.example:5000/team/vllm:v0.32.0-cu128",
+        "vllm/vllm-openai@sha256:" + "a" * 64,
+        "vllm/vllm-openai:latest@sha256:" + "b" * 64,  # the digest pins it
+    ],
+)
+def test_pinned_images_are_accepted(image: str) -> None:
+    spec = parse(with_spec(engine={"image": image}, gateway={"image": image})).spec
+    assert spec.engine.image == image == spec.gateway.image
+
+
+@pytest.mark.parametrize(
+    ("image", "rule"),
+    [
+        ("vllm/vllm-openai", 0),
+        ("registry.example:5000/vllm", 0),  # the registry's port is not a tag
+        ("vllm/vllm-openai@sha256:abc", 0),
+        ("vllm/vllm-openai:latest", 1),
+    ],
+)
+def test_unpinned_images_are_refused(image: str, rule: int) -> None:
+    message = api.IMAGE_RULES[rule].message
+    assert problems(with_engine(image=image)) == [("spec.engine.image", message)]
+    assert problems(with_spec(gateway={"image": image})) == [("spec.gateway.image", message)]
+
+
+def test_image_rules_are_in_the_crd_for_both_images() -> None:
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    engine_rules = spec["properties"]["engine"]["properties"]["image"]["x-kubernetes-validations"]
+    assert [r["message"] for r in engine_rules] == [r.message for r in api.IMAGE_RULES]
+    gateway_rules = [r for r in spec["x-kubernetes-validations"] if r["fieldPath"] == ".gateway.image"]
+    assert [r["message"] for r in gateway_rules] == [r.message for r in api.IMAGE_RULES]
+
+
+def test_the_crd_restricts_metadata_name_by_the_same_rules() -> None:
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["metadata"]
+    rules = schema["properties"]["name"]["x-kubernetes-validations"]
+    assert rules == [{"rule": r.cel(), "message": r.message} for r in api.NAME_RULES]
+
+
+def test_offline_needs_a_cache_claim() -> None:
+    found = problems(with_spec(model={"name": "Qwen/Qwen3-32B", "offline": True}))
+    assert [p for p, _ in found] == ["spec.model.offline"]
+    assert "spec.model.cache.claimName" in found[0][1]
+    model = {"name": "Qwen/Qwen3-32B", "offline": True, "cache": {"claimName": "weights"}}
+    assert parse(with_spec(model=model)).spec.model.offline
+
+
+@pytest.mark.parametrize(
+    ("address", "ok"),
+    [
+        ("http://prometheus-operated.monitoring.svc:9090", True),
+        ("https://prom.example", True),
+        ("prometheus-operated.monitoring:9090", False),
+        ("http://", False),
+    ],
+)
+def test_prometheus_address_is_a_url(address: str, ok: bool) -> None:
+    keda = {"maxReplicas": 2, "driver": "keda", "prometheusAddress": address}
+    body = with_spec(replicas=None, autoscaling=keda)
+    if ok:
+        assert parse(body).spec.autoscaling is not None
+    else:
+        assert problems(body) == [("spec.autoscaling.prometheusAddress", api.PROMETHEUS_URL_RULES[0].message)]
+
+
+@pytest.mark.parametrize(
+    ("rule", "value", "broken", "cel"),
+    [
+        (api.StringRule("^a", "m"), "abc", False, "self.matches('^a')"),
+        (api.StringRule("^a", "m"), "cba", True, "self.matches('^a')"),
+        (api.StringRule("b$", "m", must_match=False), "cab", True, "!self.matches('b$')"),
+        (api.StringRule("b$", "m", must_match=False), "cba", False, "!self.matches('b$')"),
+    ],
+)
+def test_a_string_rule_is_searched_and_may_be_negated(
+    rule: api.StringRule, value: str, broken: bool, cel: str
+) -> None:
+    assert rule.broken_by(value) is broken
+    assert rule.cel() == cel
+
+
+@pytest.mark.parametrize("rule", [*api.IMAGE_RULES, *api.NAME_RULES, *api.PROMETHEUS_URL_RULES])
+def test_string_rules_fit_in_a_cel_string_literal(rule: api.StringRule) -> None:
+    # The pattern goes into '...' verbatim: a quote would end it, a backslash would need doubling.
+    assert "'" not in rule.pattern and "\\" not in rule.pattern
 
 
 def test_wrong_api_version_or_kind() -> None:

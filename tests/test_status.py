@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from qwen_operator.api.crd import crd
 from qwen_operator.api.review import Review, review
+from qwen_operator.api.spec import SpecError
 from qwen_operator.kinds import Skipped, kind_of
 from qwen_operator.status import CONDITION_TYPES, Observed, compute_status, transitions
-from support import example
+from support import BAD_CRS, bad_cr, example, load
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 T1 = datetime(2026, 1, 2, tzinfo=UTC)
@@ -88,6 +90,88 @@ def test_does_not_fit() -> None:
     status = compute_status(Observed(generation=1, review=too_small), None, T0)
     assert cond(status, "CapacityFit")["status"] == "False"
     assert cond(status, "Ready")["reason"] == "DoesNotFit"
+    assert (cond(status, "ConfigValid")["status"], cond(status, "ConfigValid")["reason"]) == ("True", "Valid")
+
+
+def _engine(**engine: Any) -> Review:
+    body = example("a100-80gb-tp2-bf16")
+    body["spec"]["engine"] = engine
+    return review(body)
+
+
+def test_refused_extra_args_are_a_config_problem() -> None:
+    status = compute_status(Observed(generation=2, review=_engine(extraArgs=["--port", "9000"])), None, T0)
+    config = cond(status, "ConfigValid")
+    assert (config["status"], config["reason"]) == ("False", "InvalidSpec")
+    assert config["message"] == (
+        "spec.engine.extraArgs[0]: --port is set by the operator (the engine listens on 8000 for the "
+        "gateway and probes); remove it"
+    )
+    assert (cond(status, "CapacityFit")["status"], cond(status, "CapacityFit")["reason"]) == (
+        "Unknown",
+        "InvalidSpec",
+    )
+    ready = cond(status, "Ready")
+    assert (ready["status"], ready["reason"], ready["message"]) == ("False", "InvalidSpec", config["message"])
+    assert status["phase"] == "Invalid"
+
+
+def test_a_spec_rule_of_the_plan_is_a_config_problem() -> None:
+    # TP 3 cannot divide the heads on any GPU pool: the spec is wrong, not too large.
+    status = compute_status(Observed(generation=1, review=reviewed(parallelism={"tensor": 3})), None, T0)
+    assert cond(status, "ConfigValid")["message"].startswith(
+        "spec.parallelism.tensor: tensor parallel size 3"
+    )
+    assert cond(status, "CapacityFit")["status"] == "Unknown"
+    assert cond(status, "Ready")["reason"] == "InvalidSpec"
+
+
+def test_config_and_capacity_problems_are_both_shown() -> None:
+    rev = review(
+        example("a100-80gb-tp2-bf16")
+        | {"spec": {"model": {"name": "Qwen/Qwen3-32B"}, "gpu": {"type": "A10-24GB"},
+                    "parallelism": {"tensor": 1}, "engine": {"extraArgs": ["--trust-remote-code"]}}}
+    )  # fmt: skip
+    status = compute_status(Observed(generation=1, review=rev), None, T0)
+    assert cond(status, "ConfigValid")["message"].startswith("spec.engine.extraArgs[0]: --trust-remote-code")
+    capacity = cond(status, "CapacityFit")
+    assert (capacity["status"], capacity["reason"]) == ("False", "DoesNotFit")
+    assert capacity["message"].startswith("spec.gpu.type: weights need")
+    assert cond(status, "Ready")["reason"] == "InvalidSpec"  # the spec is fixed first
+
+
+#: The corpus files that are valid specs too large for their GPU pool; every other one breaks a rule.
+CAPACITY_CASES = {
+    "03-bf16-on-two-a100-40gb",
+    "04-bf16-tp1-full-context-does-not-fit",
+    "29-tp-times-pp-over-gpus-per-node",
+    "63-weights-do-not-fit-one-a10",
+}
+
+
+def _observed(body: dict[str, Any]) -> Observed:
+    """What the reconciler observes of a body before it creates anything (reconcile._reconcile)."""
+    try:
+        return Observed(generation=1, review=review(body))
+    except SpecError as exc:
+        return Observed(generation=1, spec_errors=[f"{p}: {m}" for p, m in exc.problems])
+
+
+@pytest.mark.parametrize("path", BAD_CRS, ids=lambda p: p.stem)
+def test_every_bad_resource_is_refused_in_the_status_by_the_right_condition(path: Path) -> None:
+    case = bad_cr(path)
+    status = compute_status(_observed(load(path)), None, T0)
+    refusing = "CapacityFit" if path.stem in CAPACITY_CASES else "ConfigValid"
+    other = "ConfigValid" if refusing == "CapacityFit" else "CapacityFit"
+    c = cond(status, refusing)
+    assert c["status"] == "False", status["conditions"]
+    assert f"{case.field}: " in c["message"] and case.message in c["message"]
+    assert cond(status, other)["status"] != "False"
+    ready = cond(status, "Ready")
+    assert (ready["status"], ready["reason"]) == (
+        "False",
+        "DoesNotFit" if refusing == "CapacityFit" else "InvalidSpec",
+    )
 
 
 def test_unschedulable_pod_reports_the_scheduler_reason() -> None:

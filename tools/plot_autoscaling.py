@@ -2,7 +2,7 @@
 ready) and the deployment's queue depth over time, with the loop's events marked.
 
     pip install matplotlib   # only this script needs it
-    python tools/plot_autoscaling.py .devcluster/test-real/autoscaling-timeline.json \
+    python tools/plot_autoscaling.py .devcluster/autoscaling-timeline.json \
         docs/autoscaling-timeline.png
 """
 

@@ -3,12 +3,21 @@
 Simulated (kwok) pods do not execute containers, so the operator Deployment from install.yaml cannot
 do the work there. The process here uses a token of the very ServiceAccount that install.yaml binds,
 so a permission the manifests forgot fails the tests exactly as it would fail in a real cluster.
+Replicas that must be told apart in the API server's audit log (leader election) each get a
+ServiceAccount of their own with the same bindings (`service_account_like_operator`).
 """
 
 from __future__ import annotations
 
+import calendar
+import contextlib
+import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +60,83 @@ def service_account_kubeconfig(
     return path
 
 
+def service_account_like_operator(cluster: Any, account: str) -> str:
+    """A ServiceAccount `account` beside the install's, bound to every Role and ClusterRole that
+    install.yaml binds to the operator's account; returns its user name (as the audit log records it)."""
+    ns = OPERATOR_NAMESPACE
+    cluster.kubectl("apply", "-f", "-", input=_account_yaml(account))
+    for kind in ("clusterrolebinding", "rolebinding"):
+        scope = ("-A",) if kind == "rolebinding" else ()
+        found = json.loads(cluster.kubectl("get", kind, *scope, "-o", "json").stdout)["items"]
+        for binding in found:
+            if _binds_operator(binding):
+                cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(_binding_copy(binding, account)))
+    return f"system:serviceaccount:{ns}:{account}"
+
+
+def _account_yaml(account: str) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": account, "namespace": OPERATOR_NAMESPACE},
+        }
+    )
+
+
+def _binds_operator(binding: dict[str, Any]) -> bool:
+    return any(
+        s.get("kind") == "ServiceAccount"
+        and s.get("name") == OPERATOR_ACCOUNT
+        and s.get("namespace") == OPERATOR_NAMESPACE
+        for s in binding.get("subjects") or []
+    )
+
+
+def _binding_copy(binding: dict[str, Any], account: str) -> dict[str, Any]:
+    """The same (Cluster)RoleBinding for `account`, named after it."""
+    meta = binding["metadata"]
+    copy_meta = {"name": f"{meta['name']}-{account}"}
+    if meta.get("namespace"):
+        copy_meta["namespace"] = meta["namespace"]
+    return {
+        "apiVersion": binding["apiVersion"],
+        "kind": binding["kind"],
+        "metadata": copy_meta,
+        "roleRef": binding["roleRef"],
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": OPERATOR_NAMESPACE}],
+    }
+
+
+def audit_writes(cluster: Any, users: Iterable[str], since: float = 0.0) -> list[dict[str, Any]]:
+    """Writes (create, update, patch, delete) of `users` that the dev cluster's apiserver audited at or
+    after `since` (epoch seconds); each event gains `time`, its epoch seconds. The dev cluster logs the
+    metadata of every write (devcluster/audit-policy.yaml); FileNotFoundError elsewhere."""
+    wanted = set(users)
+    path = Path(cluster.kubeconfig).parent / "audit.log"
+    writes = []
+    for line in path.read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:  # the apiserver is writing this line right now
+            continue
+        if event["user"].get("username") not in wanted or event["verb"] not in WRITE_VERBS:
+            continue
+        event["time"] = audit_time(event["requestReceivedTimestamp"])
+        if event["time"] >= since:
+            writes.append(event)
+    return writes
+
+
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+
+def audit_time(stamp: str) -> float:
+    """Epoch seconds of an audit timestamp such as 2026-12-01T10:00:00.123456Z."""
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    return calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) + float(f"0.{fraction or 0}")
+
+
 def install(cluster: Any) -> None:
     """Apply install.yaml (CRD, namespace, RBAC, operator Deployment) with server-side apply."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(INSTALL_YAML))
@@ -68,11 +154,15 @@ class OperatorProcess:
         log_path: Path,
         resync_seconds: float = 300,
         scope: tuple[str, ...] = ("--all-namespaces",),
+        args: tuple[str, ...] = (),
+        env: Mapping[str, str] | None = None,
     ):
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         self.resync_seconds = resync_seconds
         self.scope = scope  # --all-namespaces, or --namespace NS [--namespace NS2 ...]
+        self.args = args  # more flags of `qwen-operator run`, e.g. --leader-elect
+        self.env = dict(env or {})  # e.g. POD_NAME, the identity in leader election
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -84,12 +174,16 @@ class OperatorProcess:
     def start(self) -> OperatorProcess:
         """Start the operator and wait until /healthz answers; RuntimeError with its log otherwise."""
         env = clean_env(
-            {"KUBECONFIG": str(self.kubeconfig), "QWEN_OPERATOR_RESYNC_SECONDS": str(self.resync_seconds)}
+            {
+                "KUBECONFIG": str(self.kubeconfig),
+                "QWEN_OPERATOR_RESYNC_SECONDS": str(self.resync_seconds),
+                **self.env,
+            }
         )
         exe = Path(sys.executable).with_name("qwen-operator")
         with self.log_path.open("ab") as log:
             proc = subprocess.Popen(
-                [str(exe), "run", *self.scope, "--metrics-port", str(self.port)],
+                [str(exe), "run", *self.scope, "--metrics-port", str(self.port), *self.args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -126,3 +220,18 @@ class OperatorProcess:
         """SIGTERM the operator's process group, SIGKILL it after 20 s."""
         if self.proc:
             stop_group(self.proc, timeout=20)
+
+    def kill(self) -> None:
+        """SIGKILL the operator's process group at once (a crash: no clean-up, no Lease release)."""
+        if self.proc and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_exit(self, timeout: float) -> int:
+        """The exit status once the process ends by itself; subprocess.TimeoutExpired after `timeout` s."""
+        assert self.proc is not None, "not started"
+        return self.proc.wait(timeout)

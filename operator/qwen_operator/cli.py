@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,15 @@ import yaml
 from .api.crd import crd
 from .api.review import Review, review
 from .api.spec import KIND, SpecError
+from .leader import (
+    LEASE_NAME,
+    LEASE_SECONDS,
+    LOST_EXIT_CODE,
+    RENEW_DEADLINE_SECONDS,
+    RETRY_SECONDS,
+    Election,
+    Timing,
+)
 
 EXIT_INVALID = 1
 EXIT_USAGE = 2
@@ -143,7 +153,85 @@ def cmd_crd(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from .runtime import run  # kopf is imported only when the operator runs
 
-    return run(namespaces=args.namespace, metrics_port=args.metrics_port, log_level=args.log_level)
+    return run(
+        namespaces=args.namespace,
+        metrics_port=args.metrics_port,
+        log_level=args.log_level,
+        election=_election(args),
+    )
+
+
+def _election(args: argparse.Namespace) -> Election | None:
+    """The Lease to contend for, or None without leader election (by default: outside a cluster, where
+    Kubernetes sets no KUBERNETES_SERVICE_HOST, e.g. a developer's `qwen-operator run`)."""
+    wanted = (
+        args.leader_elect
+        if args.leader_elect is not None
+        else bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    )
+    if not wanted:
+        return None
+    if not args.leader_elect_resource_namespace:
+        raise UsageError(
+            "leader election needs the operator's namespace: set POD_NAMESPACE or pass "
+            "--leader-elect-resource-namespace (or run with --no-leader-elect)"
+        )
+    timing = Timing(
+        args.leader_elect_lease_duration, args.leader_elect_renew_deadline, args.leader_elect_retry_period
+    )
+    if timing.problems():
+        raise UsageError("; ".join(timing.problems()))
+    return Election(args.leader_elect_resource_namespace, args.leader_elect_resource_name, timing=timing)
+
+
+def _add_leader_election(run: argparse.ArgumentParser) -> None:
+    """Leader election flags, named as kube-controller-manager names them."""
+    group = run.add_argument_group(
+        "leader election",
+        "Of several replicas only the holder of a coordination.k8s.io Lease reconciles; the others serve "
+        "/healthz and /metrics (qwen_operator_leader 0) and wait to take over. Losing the Lease ends the "
+        f"process with status {LOST_EXIT_CODE}.",
+    )
+    group.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="contend for the leader Lease before reconciling (default: on when running in a cluster, "
+        "i.e. KUBERNETES_SERVICE_HOST is set; off otherwise)",
+    )
+    group.add_argument(
+        "--leader-elect-resource-namespace",
+        default=os.environ.get("POD_NAMESPACE", ""),
+        metavar="NAMESPACE",
+        help="namespace of the Lease (default: $POD_NAMESPACE, the operator's own namespace)",
+    )
+    group.add_argument(
+        "--leader-elect-resource-name",
+        default=LEASE_NAME,
+        metavar="NAME",
+        help="name of the Lease (default: %(default)s)",
+    )
+    group.add_argument(
+        "--leader-elect-lease-duration",
+        type=float,
+        metavar="SECONDS",
+        default=LEASE_SECONDS,
+        help="seconds a follower waits after the last renewal before taking over (default: %(default)g)",
+    )
+    group.add_argument(
+        "--leader-elect-renew-deadline",
+        type=float,
+        metavar="SECONDS",
+        default=RENEW_DEADLINE_SECONDS,
+        help="seconds the leader keeps trying to renew before it gives up (default: %(default)g)",
+    )
+    group.add_argument(
+        "--leader-elect-retry-period",
+        type=float,
+        metavar="SECONDS",
+        default=RETRY_SECONDS,
+        help="seconds between attempts to acquire or renew (default: %(default)g)",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -171,6 +259,7 @@ def parser() -> argparse.ArgumentParser:
         default="info",
         help="log level of the JSON logs",
     )
+    _add_leader_election(run)
     run.set_defaults(func=cmd_run)
     return p
 

@@ -30,18 +30,22 @@ def install(queue: WorkQueue) -> None:
         )
 
 
-def _trigger(namespace: str, name: str) -> None:
+def _trigger(namespace: str, name: str, generation: int | None = None) -> None:
     assert _queue is not None, "handlers.install() was not called"
-    _queue.trigger((namespace, name))
+    _queue.trigger((namespace, name), generation)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def on_qwendeployment(body: kopf.Body, type: str | None, **_: Any) -> None:
     if type != "DELETED":
-        _trigger(body["metadata"]["namespace"], body["metadata"]["name"])
+        meta = body["metadata"]
+        _trigger(meta["namespace"], meta["name"], meta.get("generation"))
 
 
 _CHILD_LABELS = {"app.kubernetes.io/managed-by": MANAGED_BY}
+
+#: kopf's retries of a failing API call (watches, lists): its default sequence, then every 30 s, 10.6 min.
+API_ERROR_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21) + (30,) * 19
 
 
 def _on_child(body: kopf.Body, **_: Any) -> None:
@@ -58,4 +62,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.INFO
     settings.peering.standalone = True
     settings.watching.server_timeout = 270
+    # kopf gives up on a watch after its API retries run out (54 s by default) and the process exits;
+    # ride out an API server outage of about ten minutes instead (then exit: the pod restarts clean).
+    settings.networking.error_backoffs = API_ERROR_BACKOFFS
+    settings.networking.enforce_retry_after = True
     settings.execution.max_workers = 4

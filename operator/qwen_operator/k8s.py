@@ -10,16 +10,18 @@ import hashlib
 import json
 import logging
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import kubernetes
+import urllib3
 from kubernetes.client import ApiClient
 from kubernetes.client.rest import ApiException
 
 from .api.pool import NodePool
 from .api.spec import API_VERSION, KIND, PLURAL
-from .kinds import MANAGED, NODE, POD, Kind, kind_of
+from .kinds import MANAGED, NODE, POD, SECRET, Kind, kind_of
 from .metrics import API_WRITES
 from .names import FIELD_MANAGER, LABEL_PREFIX, MANAGED_BY
 
@@ -96,7 +98,9 @@ class Cluster:
         )
         data = resp.read()
         if resp.status >= 400:
-            raise ApiException(status=resp.status, reason=resp.reason, body=data.decode(errors="replace"))
+            error = ApiException(status=resp.status, reason=resp.reason, body=data.decode(errors="replace"))
+            error.headers = resp.getheaders()  # Retry-After of a 429
+            raise error
         return json.loads(data) if data else None
 
     def _get(self, path: str) -> dict[str, Any] | None:
@@ -205,6 +209,21 @@ class Cluster:
         log.info("applied %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
         return True
 
+    def create_if_absent(self, obj: dict[str, Any]) -> bool:
+        """Create the Secret `obj` unless one of that name exists (never read, never overwritten);
+        returns whether it created it: what needs only the `create` right."""
+        meta = obj["metadata"]
+        assert (obj["apiVersion"], obj["kind"]) == (SECRET.api_version, SECRET.kind), obj["kind"]
+        path = collection(SECRET, meta["namespace"])
+        try:
+            self._call("POST", path, body=obj, query=[("fieldManager", FIELD_MANAGER)])
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        log.info("created %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
+        return True
+
     def delete(self, obj: dict[str, Any]) -> bool:
         try:
             self._call("DELETE", _object_path(obj), body={"propagationPolicy": "Background"})
@@ -225,6 +244,18 @@ class Cluster:
         return self._list(
             collection(POD, namespace), label_selector=",".join(f"{k}={v}" for k, v in selector.items())
         )
+
+    def pod_events(self, namespace: str, reason: str) -> list[dict[str, Any]]:
+        """Events of `reason` about pods in `namespace` (e.g. FailedMount); [] without the right to list."""
+        try:
+            return self._list(
+                f"/api/v1/namespaces/{namespace}/events",
+                field_selector=f"involvedObject.kind=Pod,reason={reason}",
+            )
+        except ApiException as exc:
+            if exc.status == 403:
+                return []
+            raise
 
     def api_service(self, name: str) -> tuple[bool, dict[str, Any] | None]:
         """(readable, the APIService) for an aggregated API such as v1beta1.custom.metrics.k8s.io.
@@ -292,3 +323,46 @@ def _metric_not_found(exc: ApiException) -> bool:
     except ValueError:
         return False
     return isinstance(body, dict) and body.get("kind") == "Status" and "metric" in body.get("message", "")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a reconcile failed, for the status (condition Synced) and the retry."""
+
+    reason: str  # Conflict, Throttled, ApiServerError, ApiTimeout, ApiError, ReconcileError
+    message: str
+    retry_after: float = 0.0  # at least this long before the next try (a 429's Retry-After)
+
+
+def describe_failure(exc: BaseException) -> Failure:
+    """The condition reason and message of an exception raised by a reconcile."""
+    if isinstance(exc, ApiException):
+        status = int(exc.status or 0)
+        detail = _status_message(exc)
+        if status == 409:
+            return Failure("Conflict", f"409 Conflict from the API server: {detail}")
+        if status == 429:
+            return Failure("Throttled", f"429 Too Many Requests: {detail}", _retry_after(exc))
+        if status >= 500 or status == 0:
+            return Failure("ApiServerError", f"{status or 'no'} answer from the API server: {detail}")
+        return Failure("ApiError", f"{status} {exc.reason}: {detail}")
+    if isinstance(exc, urllib3.exceptions.HTTPError | OSError | TimeoutError):
+        return Failure("ApiTimeout", f"the API server did not answer: {type(exc).__name__}: {exc}"[:400])
+    return Failure("ReconcileError", f"{type(exc).__name__}: {exc}"[:400])
+
+
+def _status_message(exc: ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "")
+    except ValueError:
+        return str(exc.reason or "")[:300]
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message or exc.reason or "")[:300]
+
+
+def _retry_after(exc: ApiException) -> float:
+    value = (exc.headers or {}).get("Retry-After", "")
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        return 1.0

@@ -64,6 +64,8 @@ _BY_KEY = {(k.api_version, k.kind): k for k in MANAGED}
 #: Kinds the operator reads but never writes (observation): engine pods and the GPU nodes.
 POD = Kind("v1", "Pod", "pods")
 NODE = Kind("v1", "Node", "nodes")
+#: Created once, never applied, listed or read: the gateway's generated API-key Secret.
+SECRET = Kind("v1", "Secret", "secrets")
 
 
 def kind_of(api_version: str, kind: str) -> Kind:

@@ -17,3 +17,7 @@ MANAGED_OBJECTS = Gauge(
 DEPLOYMENTS_READY = Gauge(
     "qwen_operator_deployment_ready", "1 when the QwenDeployment is Ready.", ["namespace", "name"]
 )
+FAILING_OBJECTS = Gauge(
+    "qwen_operator_failing_objects", "QwenDeployments whose last reconcile failed (retried with backoff)."
+)
+RETRIES = Counter("qwen_operator_reconcile_retries_total", "Reconciles run again after a failure.")

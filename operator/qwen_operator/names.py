@@ -10,11 +10,33 @@ MANAGED_BY = "qwen-operator"
 
 
 def engine(qd: QwenDeployment) -> str:
-    return f"{qd.metadata.name}-engine"
+    return engine_of(qd.metadata.name)
+
+
+def engine_of(name: str) -> str:
+    """The engine Deployment of the QwenDeployment `name` (also when its spec does not parse)."""
+    return f"{name}-engine"
 
 
 def gateway(qd: QwenDeployment) -> str:
-    return f"{qd.metadata.name}-gateway"
+    return gateway_of(qd.metadata.name)
+
+
+def gateway_of(name: str) -> str:
+    return f"{name}-gateway"
+
+
+def generated_api_keys(qd: QwenDeployment) -> str:
+    """The API-key Secret the operator creates when auth is on and spec.gateway.apiKeysSecret is unset."""
+    return f"{qd.metadata.name}-gateway-api-keys"
+
+
+def api_keys_secret(qd: QwenDeployment) -> str | None:
+    """The Secret whose keys the gateway accepts; None when the spec turns auth off."""
+    g = qd.spec.gateway
+    if g.auth == "none":
+        return None
+    return g.api_keys_secret or generated_api_keys(qd)
 
 
 def client_service(qd: QwenDeployment) -> str:
@@ -24,8 +46,12 @@ def client_service(qd: QwenDeployment) -> str:
 
 def selector(qd: QwenDeployment, component: str) -> dict[str, str]:
     """Labels that select one component's pods; immutable once a Deployment exists."""
+    return selector_of(qd.metadata.name, component)
+
+
+def selector_of(name: str, component: str) -> dict[str, str]:
     return {
-        "app.kubernetes.io/instance": qd.metadata.name,
+        "app.kubernetes.io/instance": name,
         "app.kubernetes.io/component": component,
         "app.kubernetes.io/name": "qwen",
     }

@@ -10,14 +10,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from secrets import token_urlsafe
 from typing import Any
 
 from . import names
 from .api.queueing import METRICS_API_SERVICE
 from .api.review import Review, review
 from .api.spec import SpecError
-from .k8s import Cluster
+from .k8s import ApiException, Cluster
 from .manifests import ClusterFacts, build_children, node_pool, scaling
+from .manifests.gateway import GENERATED_KEY_ID, generated_api_keys_secret
 from .metrics import DEPLOYMENTS_READY, MANAGED_OBJECTS, RECONCILE_SECONDS, RECONCILES
 from .status import Observed, compute_status, transitions
 
@@ -28,6 +30,10 @@ log = logging.getLogger(__name__)
 class Result:
     status: dict[str, Any]
     writes: list[str] = field(default_factory=list)  # "applied Deployment x", "deleted Service y"
+    #: Try again later although nothing raised (a child name taken by a foreign object).
+    retry: bool = False
+    #: Look again after this many seconds (a pod is Pending; see WAITING_POLL_SECONDS).
+    requeue_after: float | None = None
 
 
 def reconcile_and_report(cluster: Cluster, body: dict[str, Any]) -> Result | None:
@@ -36,11 +42,7 @@ def reconcile_and_report(cluster: Cluster, body: dict[str, Any]) -> Result | Non
     if meta.get("deletionTimestamp"):
         return None
     result = reconcile(cluster, body)
-    old = body.get("status")
-    if old != result.status:
-        cluster.patch_status(meta["namespace"], meta["name"], result.status)
-        for cond in transitions(old, result.status):
-            _event(cluster, body, cond)
+    _write_status(cluster, body, result.status)
     ready = next(c for c in result.status["conditions"] if c["type"] == "Ready")["status"] == "True"
     DEPLOYMENTS_READY.labels(meta["namespace"], meta["name"]).set(1 if ready else 0)
     for write in result.writes:
@@ -48,12 +50,40 @@ def reconcile_and_report(cluster: Cluster, body: dict[str, Any]) -> Result | Non
     return result
 
 
+def report_failure(cluster: Cluster, body: dict[str, Any], failure: tuple[str, str]) -> None:
+    """Best effort: the previous status with condition Synced=False carrying the failure (the API
+    server may be what failed, so this may fail too; the retry follows either way)."""
+    previous = body.get("status") or {}
+    obs = Observed(generation=body["metadata"].get("generation"), failure=failure)
+    synced = next(c for c in compute_status(obs, previous)["conditions"] if c["type"] == "Synced")
+    conditions = [c for c in previous.get("conditions", []) if c.get("type") != "Synced"] + [synced]
+    try:
+        _write_status(cluster, body, {**previous, "conditions": conditions})
+    except Exception as exc:  # the failure being reported may be the API server's
+        log.warning("%s/%s: could not write the failure to the status: %s", *_key_of(body), exc)
+
+
+def _key_of(body: dict[str, Any]) -> tuple[str, str]:
+    return body["metadata"]["namespace"], body["metadata"]["name"]
+
+
+def _write_status(cluster: Cluster, body: dict[str, Any], status: dict[str, Any]) -> None:
+    old = body.get("status")
+    if old != status:
+        cluster.patch_status(*_key_of(body), status)
+        for cond in transitions(old, status):
+            _event(cluster, body, cond)
+
+
 def _event(cluster: Cluster, body: dict[str, Any], cond: dict[str, Any]) -> None:
     if cond["status"] == "Unknown":
         return
     good = (cond["status"] == "True") != (cond["type"] == "Progressing")
     kind = "Normal" if good or cond["type"] == "Progressing" else "Warning"
-    cluster.post_event(body, kind, cond["reason"], f"{cond['type']}={cond['status']}: {cond['message']}")
+    try:
+        cluster.post_event(body, kind, cond["reason"], f"{cond['type']}={cond['status']}: {cond['message']}")
+    except ApiException as exc:  # the status already says it; a terminating namespace refuses new Events
+        log.info("%s/%s: Event %s not posted: %s", *_key_of(body), cond["reason"], exc.reason)
 
 
 def reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
@@ -76,20 +106,57 @@ def _reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
         rev = review(body)
     except SpecError as exc:
         obs.spec_errors = [f"{p}: {m}" for p, m in exc.problems]
+        _observe_refused(cluster, obs, meta)
         return Result(compute_status(obs, previous))
     _describe(obs, rev)
     if not rev.ok:
+        _observe_refused(cluster, obs, meta)
         return Result(compute_status(obs, previous))
     facts = ClusterFacts(free_gpus=cluster.free_gpus(node_pool(rev)), missing_crds=cluster.missing_crds())
     children = build_children(rev, facts)
     obs.rollout = children.rollout
     obs.skipped = children.skipped
     live = cluster.children(meta["namespace"], names.owner_labels(meta["name"]))
-    writes = _apply(cluster, children.objects, live)
+    obs.foreign = _foreign(cluster, children.objects, live)
+    if obs.foreign:  # nothing is written while a child's name is taken
+        _observe(cluster, obs, rev)
+        return Result(compute_status(obs, previous), retry=True)
+    writes = _generated_secrets(cluster, rev)
+    writes += [
+        f"applied {o['kind']} {o['metadata']['name']}"
+        for o in children.objects
+        if cluster.apply(o, live.get(_key(o)))
+    ]
     writes += _prune(cluster, children.objects, live, meta["uid"])
     MANAGED_OBJECTS.labels(meta["namespace"], meta["name"]).set(len(children.objects))
     _observe(cluster, obs, rev)
-    return Result(compute_status(obs, previous), writes)
+    pending = any(p.get("status", {}).get("phase") == "Pending" for p in obs.pods + obs.gateway_pods)
+    return Result(
+        compute_status(obs, previous), writes, requeue_after=WAITING_POLL_SECONDS if pending else None
+    )
+
+
+#: How often a deployment with a Pending pod is looked at again (not a failure: no backoff): why a pod
+#: waits (unschedulable, a missing Secret or volume) shows in pod status and events, which trigger no
+#: reconcile.
+WAITING_POLL_SECONDS = 15.0
+
+#: Generated Secrets known to exist, by (namespace, name, owner uid): created (or found) once per process.
+_created: set[tuple[str, str, str]] = set()
+
+
+def _generated_secrets(cluster: Cluster, rev: Review) -> list[str]:
+    """Create the gateway's API-key Secret with a random key when the spec names none (create-only)."""
+    secret = generated_api_keys_secret(rev, token_urlsafe(32))
+    if secret is None:
+        return []
+    meta = secret["metadata"]
+    known = (meta["namespace"], meta["name"], str(rev.resource.metadata.uid))
+    if known in _created:
+        return []
+    created = cluster.create_if_absent(secret)
+    _created.add(known)
+    return [f"created Secret {meta['name']} (a random API key, id {GENERATED_KEY_ID})"] if created else []
 
 
 def _describe(obs: Observed, rev: Review) -> None:
@@ -103,22 +170,31 @@ def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
     return obj["apiVersion"], obj["kind"], obj["metadata"]["name"]
 
 
-def _apply(
+def _foreign(
     cluster: Cluster, objects: list[dict[str, Any]], live: dict[tuple[str, str, str], Any]
 ) -> list[str]:
-    writes = []
+    """Children whose name is taken by an object this deployment does not own, checked for every child
+    before any is written, so that a taken name leaves nothing half-made. A child missing from `live`
+    (not labelled as ours) is read by name; one owned by this deployment but relabelled is kept in
+    `live`, to be applied over."""
+    taken = []
     for obj in objects:
-        current = live.get(_key(obj))
-        if current is None:  # not labelled as ours (or absent): read it, never adopt a stranger
-            current = cluster.get_like(obj)
-            if current is not None and not _owned_by(current, obj):
-                raise RuntimeError(
-                    f"{obj['kind']} {obj['metadata']['name']} exists and is not owned by this "
-                    "QwenDeployment; rename or delete it"
-                )
-        if cluster.apply(obj, current):
-            writes.append(f"applied {obj['kind']} {obj['metadata']['name']}")
-    return writes
+        if _key(obj) in live:
+            continue
+        current = cluster.get_like(obj)
+        if current is None:
+            continue
+        if _owned_by(current, obj):
+            live[_key(obj)] = current
+            continue
+        meta = current["metadata"]
+        owners = ", ".join(f"{r.get('kind')} {r.get('name')}" for r in meta.get("ownerReferences", []))
+        taken.append(
+            f"{obj['kind']} {meta['namespace']}/{meta['name']} exists and is not owned by this "
+            f"QwenDeployment ({'owned by ' + owners if owners else 'no owner'}): delete it, or rename "
+            "the QwenDeployment"
+        )
+    return taken
 
 
 def _owned_by(live: dict[str, Any], desired: dict[str, Any]) -> bool:
@@ -141,16 +217,42 @@ def _prune(
 def _observe(cluster: Cluster, obs: Observed, rev: Review) -> None:
     qd = rev.resource
     ns = qd.metadata.namespace
-    obs.engine = cluster.get_named("apps/v1", "Deployment", ns, names.engine(qd))
-    if qd.spec.gateway.enabled:
-        obs.gateway = cluster.get_named("apps/v1", "Deployment", ns, names.gateway(qd))
-    obs.pods = [
-        p
-        for p in cluster.pods(ns, names.selector(qd, "engine"))
-        if not p["metadata"].get("deletionTimestamp")
-    ]
+    _observe_deployments(cluster, obs, ns, qd.metadata.name, qd.spec.gateway.enabled)
+    if _waiting_to_start(obs.pods + obs.gateway_pods):
+        ours = {p["metadata"]["name"] for p in obs.pods + obs.gateway_pods}
+        obs.mount_events = [
+            e for e in cluster.pod_events(ns, "FailedMount") if e["involvedObject"].get("name") in ours
+        ]
     if qd.spec.autoscaling:
         _observe_scaling(cluster, obs, rev)
+
+
+def _observe_refused(cluster: Cluster, obs: Observed, meta: dict[str, Any]) -> None:
+    """What the previous spec runs, after a refused update (nothing is written for a refused spec)."""
+    _observe_deployments(cluster, obs, meta["namespace"], meta["name"], gateway=True)
+
+
+def _observe_deployments(cluster: Cluster, obs: Observed, ns: str, name: str, gateway: bool) -> None:
+    obs.engine = cluster.get_named("apps/v1", "Deployment", ns, names.engine_of(name))
+    obs.pods = _running(cluster.pods(ns, names.selector_of(name, "engine")))
+    if gateway:
+        obs.gateway = cluster.get_named("apps/v1", "Deployment", ns, names.gateway_of(name))
+        obs.gateway_pods = _running(cluster.pods(ns, names.selector_of(name, "gateway")))
+
+
+def _running(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def _waiting_to_start(pods: list[dict[str, Any]]) -> bool:
+    """A pod scheduled whose containers are not all started yet (volumes may be failing to mount)."""
+    return any(
+        p.get("spec", {}).get("nodeName")
+        and not all(
+            c.get("state", {}).get("running") for c in p.get("status", {}).get("containerStatuses") or [{}]
+        )
+        for p in pods
+    )
 
 
 def _observe_scaling(cluster: Cluster, obs: Observed, rev: Review) -> None:

@@ -1,5 +1,5 @@
 """Process start-up of `qwen-operator run`: JSON logging, API credentials, the metrics/health server,
-the kopf watches and the resync loop, until interrupted."""
+leader election when asked for, the kopf watches and the resync loop, until interrupted."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable
-from typing import Any, cast
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, cast
 
 import kopf
 from aiohttp import web
@@ -18,7 +18,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import handlers
 from .k8s import Cluster, load_config
+from .leader import LEADER, LOST_EXIT_CODE, Election, Elector, lease_api
 from .workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
 
 RESYNC_SECONDS = float(os.environ.get("QWEN_OPERATOR_RESYNC_SECONDS", "300"))
 
@@ -65,8 +68,11 @@ async def serve_metrics(port: int, healthy: Callable[[], bool]) -> web.AppRunner
     return runner
 
 
-def run(namespaces: list[str], metrics_port: int, log_level: str = "info") -> int:
-    """Run the operator until interrupted: cluster-wide when `namespaces` is empty."""
+def run(
+    namespaces: list[str], metrics_port: int, log_level: str = "info", election: Election | None = None
+) -> int:
+    """Run the operator until interrupted: cluster-wide when `namespaces` is empty; with `election`,
+    only while this replica holds the leader Lease (a follower serves /healthz and /metrics and waits)."""
     configure_logging(log_level)
     load_config()
     queue = WorkQueue(Cluster())
@@ -75,21 +81,73 @@ def run(namespaces: list[str], metrics_port: int, log_level: str = "info") -> in
 
     async def main() -> None:
         runner = await serve_metrics(metrics_port, started.is_set)
-        resync = asyncio.create_task(queue.resync_forever(namespaces, RESYNC_SECONDS))
-        started.set()
+        started.set()  # a waiting follower is healthy too: waiting is its job
         try:
-            await kopf.operator(
-                clusterwide=not namespaces,
-                namespaces=namespaces,
-                standalone=True,
-                stop_flag=None,
-                # kopf's default identity asks the passwd database for the user, which has no entry
-                # for the image's uid 65532 (getpwuid fails and the pod crash-loops): the pod's name.
-                identity=cast(Any, socket.gethostname()),  # kopf's Identity is a NewType of str
-            )
+            if election is None:
+                LEADER.set(1)
+                await operate(queue, namespaces)
+            else:
+                await lead(Elector(lease_api(), election), queue, namespaces)
         finally:
-            resync.cancel()
             await runner.cleanup()
 
     asyncio.run(main())
     return 0
+
+
+async def operate(queue: WorkQueue, namespaces: list[str]) -> None:
+    """The kopf watches and the periodic resync, until kopf stops (SIGINT, SIGTERM); returns once no
+    kopf handler runs any more (the resync's reconciles run in the loop's default executor)."""
+    settings = kopf.OperatorSettings()  # handlers.configure() fills it in at kopf's start-up
+    resync = asyncio.create_task(queue.resync_forever(namespaces, RESYNC_SECONDS))
+    try:
+        await kopf.operator(
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            standalone=True,
+            stop_flag=None,
+            settings=settings,
+            # kopf's default identity asks the passwd database for the user, which has no entry
+            # for the image's uid 65532 (getpwuid fails and the pod crash-loops): the pod's name.
+            identity=cast(Any, socket.gethostname()),  # kopf's Identity is a NewType of str
+        )
+    finally:
+        resync.cancel()
+        # kopf leaves its handler threads running: queued work is dropped, running reconciles finish.
+        await asyncio.to_thread(settings.execution.executor.shutdown, wait=True, cancel_futures=True)
+
+
+async def lead(elector: Elector, queue: WorkQueue, namespaces: list[str]) -> None:
+    """Wait for the Lease, then operate while renewing it. Stopped (SIGTERM), the leader waits for its
+    running reconciles, still renewing, then releases the Lease so that a follower takes over at once.
+    Having lost the Lease, the process exits on the spot."""
+    LEADER.set(0)
+    await elector.acquire()
+    LEADER.set(1)
+    holding = asyncio.create_task(elector.hold())
+    try:
+        await _unless_lost(elector, holding, operate(queue, namespaces))
+    finally:
+        await _unless_lost(elector, holding, asyncio.get_running_loop().shutdown_default_executor())
+        holding.cancel()
+        elector.release()  # in this thread: the default executor is shut down
+
+
+async def _unless_lost(elector: Elector, holding: asyncio.Task[None], work: Awaitable[None]) -> None:
+    """Await `work`, exiting at once if `holding` ends first (the Lease is lost)."""
+    task = asyncio.ensure_future(work)
+    await asyncio.wait({task, holding}, return_when=asyncio.FIRST_COMPLETED)
+    if holding.done():
+        _exit_lost(elector)
+    task.result()
+
+
+def _exit_lost(elector: Elector) -> NoReturn:
+    """Exit without unwinding: reconciles running in threads cannot be cancelled, and another replica
+    may hold the Lease now, so no write of this process may follow."""
+    log.error(
+        "%s: leadership lost; exiting with status %d to restart as a follower", elector.where, LOST_EXIT_CODE
+    )
+    LEADER.set(0)
+    logging.shutdown()  # flush the log line above
+    os._exit(LOST_EXIT_CODE)

@@ -1,28 +1,37 @@
 """The status of a QwenDeployment, computed by one pure function from what the reconciler observed.
 
 Conditions (all always present, so `kubectl wait --for=condition=X` works):
-  ConfigValid     the spec parses and passes the model/GPU checks
-  CapacityFit     the capacity plan fits (weights + one maxModelLen sequence of KV per replica)
+  ConfigValid     the spec parses and breaks no rule of the model, vLLM or the operator (extraArgs included)
+  CapacityFit     the valid spec fits its GPU pool (memory for one maxModelLen sequence, GPUs per node)
   Scheduled       every engine pod has a node; False carries the scheduler's reason
   Progressing     a rollout is under way (False once complete or when stuck)
   ScalingReady    the HPA reads the queue-depth metric (or replicas are fixed); False names the break:
                   metrics API missing or unavailable, metric absent, the HPA failing to read it
   MonitoringReady the requested monitoring objects exist (False: CRDNotInstalled)
   ExposureReady   the client Service and the requested Ingress/HTTPRoute exist (False: CRDNotInstalled)
-  Ready           at least one engine replica and the gateway serve
+  ReferencesResolved  no pod reports a missing Secret or PersistentVolumeClaim the spec names (read from
+                  the pods' waiting reasons, the scheduler's message and FailedMount events: the
+                  operator never reads Secrets)
+  Synced          the last reconcile wrote what the spec asks; False carries the error (API conflict,
+                  throttling, server error, timeout, a child name taken by a foreign object) and the retry
+  Ready           at least one engine replica and the gateway serve (after a refused update: what still
+                  serves, with reason ServingPreviousSpec)
 
 Each optional child kind is reported by the condition `qwen_operator.kinds` assigns it.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from . import names
 from .api.queueing import HPA_METRIC, METRICS_API_SERVICE, keda_query, queueing
 from .api.review import Review
 from .api.rollout import Rollout
+from .api.spec import QwenDeployment
 from .kinds import EXPOSURE, MONITORING, SCALING, Skipped
 
 CONDITION_TYPES = (
@@ -34,6 +43,8 @@ CONDITION_TYPES = (
     "ScalingReady",
     "MonitoringReady",
     "ExposureReady",
+    "ReferencesResolved",
+    "Synced",
 )
 
 
@@ -61,6 +72,13 @@ class Observed:
     queue_metric: dict[str, Any] | None = None
     queue_metric_answered: bool = False
     skipped: list[Skipped] = field(default_factory=list)  # optional children without their CRD
+    gateway_pods: list[dict[str, Any]] = field(default_factory=list)
+    #: FailedMount events about pods of this deployment (read only while a pod waits to start).
+    mount_events: list[dict[str, Any]] = field(default_factory=list)
+    #: Children whose names are taken by objects this deployment does not own: nothing was written.
+    foreign: list[str] = field(default_factory=list)
+    #: (reason, message) of the last failed reconcile; None after a good one.
+    failure: tuple[str, str] | None = None
 
     @property
     def plan_errors(self) -> list[str]:
@@ -253,11 +271,120 @@ def _exposure(obs: Observed) -> dict[str, Any]:
         return _cond("ExposureReady", False, "CRDNotInstalled", _skipped_message(missing))
     g = obs.review.resource.spec.gateway
     routes = [kind for kind, wanted in (("Ingress", g.ingress), ("HTTPRoute", g.http_route)) if wanted]
+    open_to_all = (
+        "; no authentication: spec.gateway.auth is none"
+        if g.enabled and g.auth == "none"
+        else "; no authentication: spec.gateway.enabled is false, clients reach the engines"
+        if not g.enabled
+        else ""
+    )
     if g.enabled and routes:
-        return _cond(
-            "ExposureReady", True, "Configured", f"{' and '.join(routes)} applied for {obs.endpoint}"
+        message = f"{' and '.join(routes)} applied for {obs.endpoint}{open_to_all}"
+        return _cond("ExposureReady", True, "Configured", message)
+    message = f"clients reach the Service at {obs.endpoint}{open_to_all}"
+    return _cond("ExposureReady", True, "ServiceOnly", message)
+
+
+_MISSING_SECRET = re.compile(r'secret "([^"]+)" not found')
+_MISSING_KEY = re.compile(r"couldn't find key (\S+) in Secret [^/\s]+/([^\s,;]+)")
+_MISSING_CLAIM = re.compile(r'persistentvolumeclaim "([^"]+)" not found')
+
+
+def references(qd: QwenDeployment) -> dict[tuple[str, str], str]:
+    """The Secrets and PersistentVolumeClaims the pods need, (kind, name) -> the spec field naming it."""
+    spec = qd.spec
+    refs: dict[tuple[str, str], str] = {}
+    keys = names.api_keys_secret(qd) if spec.gateway.enabled else None
+    if keys:
+        refs[("Secret", keys)] = (
+            "spec.gateway.apiKeysSecret"
+            if spec.gateway.api_keys_secret
+            else "generated by the operator for spec.gateway.auth apiKeys"
         )
-    return _cond("ExposureReady", True, "ServiceOnly", f"clients reach the Service at {obs.endpoint}")
+    for ref, path in (
+        (spec.engine.api_key_secret, "spec.engine.apiKeySecret"),
+        (spec.model.hf_token_secret, "spec.model.hfTokenSecret"),
+    ):
+        if ref:
+            refs.setdefault(("Secret", ref.name), path)
+    if spec.model.cache.claim_name:
+        refs[("PersistentVolumeClaim", spec.model.cache.claim_name)] = "spec.model.cache.claimName"
+    return refs
+
+
+def _evidence(obs: Observed) -> list[str]:
+    """What the pods say about missing references: waiting reasons, scheduler messages, mount failures."""
+    texts = []
+    for pod in [*obs.pods, *obs.gateway_pods]:
+        st = pod.get("status", {})
+        for c in st.get("conditions", []):
+            if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                texts.append(c.get("message", ""))
+        for cs in [*st.get("initContainerStatuses", []), *st.get("containerStatuses", [])]:
+            waiting = cs.get("state", {}).get("waiting") or {}
+            if waiting.get("reason") == "CreateContainerConfigError":
+                texts.append(waiting.get("message", ""))
+    texts += [e.get("message", "") for e in obs.mount_events]
+    return texts
+
+
+def _missing_references(obs: Observed) -> list[str]:
+    if obs.review is None:
+        return []
+    qd = obs.review.resource
+    ns = qd.metadata.namespace
+    refs = references(qd)
+    missing: dict[str, str] = {}
+    for text in _evidence(obs):
+        for name in _MISSING_SECRET.findall(text):
+            path = refs.get(("Secret", name), "a Secret the pod names")
+            missing[name] = f"Secret {ns}/{name} ({path}) does not exist: create it"
+        for key, name in _MISSING_KEY.findall(text):
+            path = refs.get(("Secret", name), "a Secret the pod names")
+            missing[f"{name}/{key}"] = f"Secret {ns}/{name} ({path}) has no key {key}: add it or set .key"
+        for name in _MISSING_CLAIM.findall(text):
+            path = refs.get(("PersistentVolumeClaim", name), "a claim the pod names")
+            missing[f"pvc/{name}"] = f"PersistentVolumeClaim {ns}/{name} ({path}) does not exist: create it"
+    return sorted(missing.values())
+
+
+def _references_condition(obs: Observed, missing: list[str]) -> dict[str, Any]:
+    if obs.review is None:
+        return _cond("ReferencesResolved", None, "InvalidSpec", "no references checked for an invalid spec")
+    if missing:
+        return _cond("ReferencesResolved", False, "MissingReference", "; ".join(missing))
+    refs = references(obs.review.resource)
+    if not refs:
+        return _cond("ReferencesResolved", True, "NoReferences", "the spec names no Secret or claim")
+    listed = ", ".join(f"{kind} {name}" for kind, name in sorted(refs))
+    return _cond("ReferencesResolved", True, "NoneMissing", f"no pod reports a missing reference ({listed})")
+
+
+def _synced(obs: Observed) -> dict[str, Any]:
+    if obs.foreign:
+        return _cond(
+            "Synced",
+            False,
+            "ForeignObject",
+            "nothing was written: " + "; ".join(obs.foreign) + " (retried with backoff)",
+        )
+    if obs.failure:
+        return _cond("Synced", False, *obs.failure)
+    if obs.review is None or not obs.review.ok:
+        return _cond("Synced", True, "NothingApplied", "the spec is refused: nothing was written for it")
+    return _cond("Synced", True, "ReconcileSucceeded", "the children match the spec")
+
+
+def _gateway_status(obs: Observed) -> dict[str, Any] | None:
+    if obs.review is None or not obs.gateway_enabled:
+        return None
+    qd = obs.review.resource
+    keys = names.api_keys_secret(qd)
+    return {
+        "auth": qd.spec.gateway.auth,
+        "apiKeysSecret": keys,
+        "apiKeysSecretGenerated": keys is not None and not qd.spec.gateway.api_keys_secret,
+    }
 
 
 def _skipped_message(skipped: list[Skipped]) -> str:
@@ -265,15 +392,29 @@ def _skipped_message(skipped: list[Skipped]) -> str:
 
 
 def _ready(obs: Observed, conds: dict[str, dict[str, Any]], ready_replicas: int) -> dict[str, Any]:
-    if obs.spec_errors:
-        return _cond("Ready", False, "InvalidSpec", conds["ConfigValid"]["message"])
-    if obs.plan_errors:
-        return _cond("Ready", False, "DoesNotFit", conds["CapacityFit"]["message"])
+    gateway_ready = (obs.gateway or {}).get("status", {}).get("readyReplicas", 0) >= 1
+    if obs.spec_errors or obs.plan_errors:
+        refused = "ConfigValid" if conds["ConfigValid"]["status"] == "False" else "CapacityFit"
+        if ready_replicas >= 1 and (gateway_ready or obs.gateway is None):
+            # A refused update changes nothing: what the previous spec created still serves.
+            return _cond(
+                "Ready",
+                True,
+                "ServingPreviousSpec",
+                f"generation {obs.generation} is refused ({refused}: {conds[refused]['message']}); "
+                f"{ready_replicas} engine replica(s) of the previous spec still serve",
+            )
+        reason = "InvalidSpec" if refused == "ConfigValid" else "DoesNotFit"
+        return _cond("Ready", False, reason, conds[refused]["message"])
+    if conds["ReferencesResolved"]["status"] == "False" and (ready_replicas < 1 or not gateway_ready):
+        return _cond("Ready", False, "MissingReference", conds["ReferencesResolved"]["message"])
+    if obs.foreign and ready_replicas < 1:
+        return _cond("Ready", False, "ForeignObject", conds["Synced"]["message"])
     if ready_replicas < 1:
         if conds["Scheduled"]["status"] == "False":
             return _cond("Ready", False, "Unschedulable", conds["Scheduled"]["message"])
         return _cond("Ready", False, "NoReadyReplicas", "no engine replica is ready yet")
-    if obs.gateway_enabled and (obs.gateway or {}).get("status", {}).get("readyReplicas", 0) < 1:
+    if obs.gateway_enabled and not gateway_ready:
         return _cond("Ready", False, "GatewayNotReady", "engines ready, no gateway pod ready yet")
     return _cond("Ready", True, "Serving", f"{ready_replicas} engine replica(s) ready at {obs.endpoint}")
 
@@ -286,15 +427,19 @@ def compute_status(
     desired = (obs.engine or {}).get("spec", {}).get("replicas", 0) if obs.engine else 0
     ready = engine_status.get("readyReplicas", 0)
     conds: dict[str, dict[str, Any]] = {}
+    # A spec that breaks a rule (it does not parse, or the review refuses it whatever the GPUs) is a
+    # config problem; a valid spec too large for its GPU pool is a capacity one: the fixes differ.
+    invalid = obs.spec_errors or (obs.review.config_problems if obs.review else [])
+    too_large = obs.review.capacity_problems if obs.review else []
     conds["ConfigValid"] = (
-        _cond("ConfigValid", False, "InvalidSpec", "; ".join(obs.spec_errors))
-        if obs.spec_errors
+        _cond("ConfigValid", False, "InvalidSpec", "; ".join(invalid))
+        if invalid
         else _cond("ConfigValid", True, "Valid", "spec is valid")
     )
-    if obs.spec_errors:
+    if too_large:
+        conds["CapacityFit"] = _cond("CapacityFit", False, "DoesNotFit", "; ".join(too_large))
+    elif invalid:
         conds["CapacityFit"] = _cond("CapacityFit", None, "InvalidSpec", "no plan for an invalid spec")
-    elif obs.plan_errors:
-        conds["CapacityFit"] = _cond("CapacityFit", False, "DoesNotFit", "; ".join(obs.plan_errors))
     elif obs.review is not None:
         p = obs.review.plan
         conds["CapacityFit"] = _cond(
@@ -316,6 +461,8 @@ def compute_status(
     conds["ScalingReady"] = _scaling(obs)
     conds["MonitoringReady"] = _monitoring(obs)
     conds["ExposureReady"] = _exposure(obs)
+    conds["ReferencesResolved"] = _references_condition(obs, _missing_references(obs))
+    conds["Synced"] = _synced(obs)
     conds["Ready"] = _ready(obs, conds, ready)
     status: dict[str, Any] = {
         "observedGeneration": obs.generation,
@@ -336,6 +483,7 @@ def compute_status(
         "rolloutStrategy": obs.rollout.describe() if obs.rollout else None,
         "plan": obs.review.plan_dict() if obs.review else None,
         "autoscaling": _autoscaling_status(obs),
+        "gateway": _gateway_status(obs),
     }
     status.update({k: v for k, v in optional.items() if v is not None})
     return _without_nulls(status)

@@ -58,31 +58,40 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/*
 Rules for the objects the operator reads and writes in the namespaces it watches: granted by a
-ClusterRole in cluster scope, by a Role per watched namespace in namespaced scope.
+ClusterRole in cluster scope, by a Role per watched namespace in namespaced scope. docs/security.md
+gives the reason for every grant; tests/test_security.py holds the same table, so a new grant is a
+deliberate edit in both places.
 The rules for the child kinds it creates are generated from qwen_operator.kinds (_managed-kinds.tpl);
 the ones here are those that are not child kinds. The operator creates a Role granting pods
 get/list/watch (for the gateway's endpoint discovery), so it holds exactly those pod verbs itself; it
-never needs bind or escalate.
+never needs bind or escalate. Secrets: `create` only (the gateway's generated API-key Secret, never
+overwritten): the operator never reads a Secret, it learns of a missing one from the pods' own
+evidence (a waiting reason, a FailedMount event).
 */}}
 {{- define "qwen-operator.namespacedRules" -}}
+# Watch events only: kopf writes no annotations and no finalizers on QwenDeployments.
 - apiGroups: ["inference.qwenops.dev"]
   resources: ["qwendeployments"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: ["inference.qwenops.dev"]
   resources: ["qwendeployments/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
+# Posted about QwenDeployments; read back for the pods' FailedMount events (a missing Secret).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
-# The queue-depth metric as the HPA reads it (ScalingReady).
+  verbs: ["create", "patch", "list", "watch"]
+# The gateway's generated API-key Secret; create-only (AlreadyExists: left as it is).
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+# The queue-depth metric as the HPA reads it (ScalingReady): that one metric of pods
+# (qwen_operator.recording.ADAPTER_METRIC), no other.
 - apiGroups: ["custom.metrics.k8s.io"]
-  resources: ["pods/*"]
+  resources: ["pods/qwen_queue_depth"]
   verbs: ["get"]
 {{ include "qwen-operator.managedKindRules" . }}
 {{- end }}
+

@@ -181,6 +181,9 @@ def _controller_manager(layout: Layout) -> list[str]:
         str(build.binary("kube-controller-manager")),
         *_serving_flags(layout, "kube-controller-manager"),
         "--controllers=*",
+        # Each controller under its own service account (as kubeadm runs it), so the audit log names the
+        # writer: system:serviceaccount:kube-system:horizontal-pod-autoscaler for the HPA's scale writes.
+        "--use-service-account-credentials=true",
         f"--service-account-private-key-file={layout.pki.path('sa.key')}",
         f"--root-ca-file={layout.pki.path('ca.crt')}",
         f"--horizontal-pod-autoscaler-sync-period={HPA_SYNC_PERIOD}",

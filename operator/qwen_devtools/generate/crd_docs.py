@@ -138,9 +138,24 @@ def _rules(spec: dict[str, Any]) -> list[str]:
     return lines + [f"- {rule['message']} (`{rule['rule']}`)" for rule in rules]
 
 
+def _condition_meanings(doc: str) -> dict[str, str]:
+    """`  Name   meaning` entries of the status module's docstring, with their indented continuation lines."""
+    meaning: dict[str, str] = {}
+    current = None
+    for line in doc.splitlines():
+        entry = re.match(r"^\s{2}(\w+)\s+(.+)$", line)
+        if entry:
+            current = entry.group(1)
+            meaning[current] = entry.group(2).strip()
+        elif current and re.match(r"^\s{3,}\S", line):
+            meaning[current] += " " + line.strip()
+        else:
+            current = None
+    return meaning
+
+
 def _conditions() -> list[str]:
-    doc = status_module.__doc__ or ""
-    meaning = dict(re.findall(r"^\s{2}(\w+)\s+(.+)$", doc, flags=re.MULTILINE))
+    meaning = _condition_meanings(status_module.__doc__ or "")
     lines = ["", "### Conditions", "", "| Type | Meaning |", "|---|---|"]
     return lines + [f"| `{t}` | {_cell(meaning.get(t, ''))} |" for t in status_module.CONDITION_TYPES]
 

@@ -129,6 +129,7 @@ def start_gateway_stack(
     (vllm-router, nginx-prometheus-exporter); only ports, paths and the engine URLs are the test's.
     """
     root = root or Path(tempfile.mkdtemp(prefix="qwen-gateway-"))
+    root.chmod(0o755)  # nginx's workers drop root (tests run as root): they must reach temp_dir below
     wiring = loopback_wiring(root, worker_urls)
     config = Path(wiring.config_dir)
     config.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .spec import GROUP, KIND, PLURAL, VERSION, QwenDeploymentSpec
+from .spec import GROUP, KIND, NAME_RULES, PLURAL, VERSION, QwenDeploymentSpec, cel_rules
 
 _DROP = {"title", "default", "discriminator", "$defs"}
 
@@ -103,6 +103,15 @@ def spec_schema() -> dict[str, Any]:
     return _structural(_resolve(raw, raw.get("$defs", {})))
 
 
+def metadata_schema() -> dict[str, Any]:
+    """metadata.name's own rules (the only part of metadata a CRD may restrict): children's names are
+    built from it, so it must be a DNS-1035 label short enough for the longest of them."""
+    return {
+        "type": "object",
+        "properties": {"name": {"type": "string", "x-kubernetes-validations": cel_rules(NAME_RULES)}},
+    }
+
+
 def _condition_schema() -> dict[str, Any]:
     return {
         "type": "object",
@@ -171,10 +180,25 @@ def status_schema() -> dict[str, Any]:
                     },
                 },
             },
+            "gateway": {
+                "type": "object",
+                "description": "Client authentication of the gateway.",
+                "properties": {
+                    "auth": {"type": "string", "description": "apiKeys or none (spec.gateway.auth)."},
+                    "apiKeysSecret": {
+                        "type": "string",
+                        "description": "The Secret whose keys the gateway accepts.",
+                    },
+                    "apiKeysSecretGenerated": {
+                        "type": "boolean",
+                        "description": "True when the operator created that Secret (no apiKeysSecret set).",
+                    },
+                },
+            },
             "conditions": {
                 "type": "array",
                 "description": "Typed conditions: Ready, ConfigValid, CapacityFit, Scheduled, Progressing, "
-                "ScalingReady, MonitoringReady, ExposureReady.",
+                "ScalingReady, MonitoringReady, ExposureReady, ReferencesResolved, Synced.",
                 "items": _condition_schema(),
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],
@@ -239,7 +263,7 @@ def crd() -> dict[str, Any]:
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
+                                "metadata": metadata_schema(),
                                 "spec": spec_schema(),
                                 "status": status_schema(),
                             },

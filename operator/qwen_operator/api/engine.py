@@ -8,10 +8,12 @@ time instead of crash-looping a pod that took ten minutes to schedule and pull.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
 
+from .catalog import CONFIG_MAX_POSITIONS
 from .plan import Plan
 from .spec import QwenDeploymentSpec
 
@@ -22,53 +24,134 @@ ENGINE_COMMAND = ("vllm", "serve")
 #: rope_theta of Qwen3-32B; restated because an hf_overrides dict replaces rope_parameters whole.
 QWEN3_ROPE_THETA = 1_000_000.0
 
-#: Flags the operator sets itself, with the field that controls each.
-OWNED_FLAGS: dict[str, str] = {
-    "--model": "spec.model.name",
-    "--revision": "spec.model.revision",
-    "--served-model-name": "spec.model.servedModelName",
-    "--tensor-parallel-size": "spec.parallelism.tensor",
-    "-tp": "spec.parallelism.tensor",
-    "--pipeline-parallel-size": "spec.parallelism.pipeline",
-    "-pp": "spec.parallelism.pipeline",
-    "--data-parallel-size": "spec.replicas",
-    "-dp": "spec.replicas",
-    "--port": "(operator: the engine port is fixed)",
-    "--host": "(operator: the engine listens on all pod addresses)",
-    "--api-key": "spec.engine.apiKeySecret",
-    "--max-model-len": "spec.engine.maxModelLen",
-    "--max-num-seqs": "spec.engine.maxNumSeqs",
-    "--max-num-batched-tokens": "spec.engine.maxNumBatchedTokens",
-    "--enable-chunked-prefill": "spec.engine.enableChunkedPrefill",
-    "--no-enable-chunked-prefill": "spec.engine.enableChunkedPrefill",
-    "--enable-prefix-caching": "spec.engine.enablePrefixCaching",
-    "--no-enable-prefix-caching": "spec.engine.enablePrefixCaching",
-    "--gpu-memory-utilization": "spec.engine.gpuMemoryUtilization",
-    "--device-memory-utilization": "spec.engine.gpuMemoryUtilization",
-    "--quantization": "spec.engine.quantization",
-    "-q": "spec.engine.quantization",
-    "--kv-cache-dtype": "spec.engine.kvCacheDtype",
-    "--speculative-config": "spec.engine.speculative",
-    "-sc": "spec.engine.speculative",
-    "--spec-method": "spec.engine.speculative",
-    "--spec-model": "spec.engine.speculative",
-    "--spec-tokens": "spec.engine.speculative",
-    "--hf-overrides": "spec.engine.maxModelLen (YaRN)",
-    "--reasoning-parser": "spec.engine.reasoning",
-    "--enable-auto-tool-choice": "spec.engine.toolCalling",
-    "--no-enable-auto-tool-choice": "spec.engine.toolCalling",
-    "--tool-call-parser": "spec.engine.toolCalling",
-    "--download-dir": "spec.model.cache",
-    # These replace the memory accounting the capacity plan is built on.
-    "--kv-cache-memory-bytes": "spec.engine.gpuMemoryUtilization (the capacity plan)",
-    "--num-gpu-blocks-override": "spec.engine.gpuMemoryUtilization (the capacity plan)",
+
+@dataclass(frozen=True)
+class Owned:
+    """A flag the operator sets itself: from a spec field (`field`, a real path), or from nothing the
+    spec can change (`field` None, `why` says what it is set to and why)."""
+
+    field: str | None
+    why: str = ""
+
+    def message(self, flag: str) -> str:
+        if self.field is None:
+            return f"{flag} is set by the operator ({self.why}); remove it"
+        because = f" ({self.why})" if self.why else ""
+        return f"{flag} is set by the operator from {self.field}; use that field{because}"
+
+
+_SECRET_ON_ARGV = "a secret on the command line shows in the pod spec and in `ps`"
+_PLAN_MEMORY = "it replaces the memory accounting the capacity plan is built on"
+#: Flags the operator sets itself (engine_args), and every other spelling vLLM reads for them.
+OWNED_FLAGS: dict[str, Owned] = {
+    "--model": Owned("spec.model.name"),
+    "--revision": Owned("spec.model.revision"),
+    "--served-model-name": Owned("spec.model.servedModelName"),
+    "--tensor-parallel-size": Owned("spec.parallelism.tensor"),
+    "-tp": Owned("spec.parallelism.tensor"),
+    "--pipeline-parallel-size": Owned("spec.parallelism.pipeline"),
+    "-pp": Owned("spec.parallelism.pipeline"),
+    "--data-parallel-size": Owned("spec.replicas", "one engine pod per replica, or spec.autoscaling"),
+    "-dp": Owned("spec.replicas", "one engine pod per replica, or spec.autoscaling"),
+    "--port": Owned(None, f"the engine listens on {ENGINE_PORT} for the gateway and probes"),
+    "--host": Owned(None, "the engine listens on all pod addresses, where the gateway and probes reach it"),
+    "--api-key": Owned("spec.engine.apiKeySecret", _SECRET_ON_ARGV),
+    "--hf-token": Owned("spec.model.hfTokenSecret", _SECRET_ON_ARGV),
+    "--max-model-len": Owned("spec.engine.maxModelLen"),
+    "--max-num-seqs": Owned("spec.engine.maxNumSeqs"),
+    "--max-num-batched-tokens": Owned("spec.engine.maxNumBatchedTokens"),
+    "--enable-chunked-prefill": Owned("spec.engine.enableChunkedPrefill"),
+    "--no-enable-chunked-prefill": Owned("spec.engine.enableChunkedPrefill"),
+    "--enable-prefix-caching": Owned("spec.engine.enablePrefixCaching"),
+    "--no-enable-prefix-caching": Owned("spec.engine.enablePrefixCaching"),
+    "--gpu-memory-utilization": Owned("spec.engine.gpuMemoryUtilization"),
+    "--device-memory-utilization": Owned("spec.engine.gpuMemoryUtilization"),
+    "--quantization": Owned("spec.engine.quantization"),
+    "-q": Owned("spec.engine.quantization"),
+    "--kv-cache-dtype": Owned("spec.engine.kvCacheDtype"),
+    "--speculative-config": Owned("spec.engine.speculative"),
+    "-sc": Owned("spec.engine.speculative"),
+    "--spec-method": Owned("spec.engine.speculative"),
+    "--spec-model": Owned("spec.engine.speculative"),
+    "--spec-tokens": Owned("spec.engine.speculative"),
+    "--hf-overrides": Owned(
+        "spec.engine.maxModelLen",
+        f"the operator passes YaRN's rope scaling in it above {CONFIG_MAX_POSITIONS} tokens; other "
+        "overrides would change the model the capacity plan is made for",
+    ),
+    "--reasoning-parser": Owned("spec.engine.reasoning"),
+    "--enable-auto-tool-choice": Owned("spec.engine.toolCalling"),
+    "--no-enable-auto-tool-choice": Owned("spec.engine.toolCalling"),
+    "--tool-call-parser": Owned("spec.engine.toolCalling"),
+    "--download-dir": Owned("spec.model.cache"),
+    "--kv-cache-memory-bytes": Owned("spec.engine.gpuMemoryUtilization", _PLAN_MEMORY),
+    "--num-gpu-blocks-override": Owned("spec.engine.gpuMemoryUtilization", _PLAN_MEMORY),
 }
 
-#: Flags refused in extraArgs for another reason than a field owning them.
+_ONE_POD = (
+    "a replica is one pod on one node: its GPUs come from spec.parallelism and the number of replicas "
+    "from spec.replicas or spec.autoscaling; remove it"
+)
+#: Multi-node and data-parallel flags (long and short spellings): a replica never spans pods.
+_MULTI_POD_FLAGS = (
+    "--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port",
+    "--data-parallel-rank", "-dpn", "--data-parallel-start-rank", "-dpr",
+    "--data-parallel-size-local", "-dpl", "--data-parallel-address", "-dpa",
+    "--data-parallel-rpc-port", "-dpp", "--data-parallel-backend", "-dpb",
+    "--data-parallel-hybrid-lb", "-dph", "--data-parallel-external-lb", "-dpe",
+    "--data-parallel-multi-port-external-lb", "-dpm",
+)  # fmt: skip
+_TLS = (
+    "TLS ends at the gateway's Ingress (spec.gateway.ingress.tlsSecretName) or HTTPRoute; the gateway "
+    "and the probes speak plain HTTP to the engine; remove it"
+)
+_GENERATION = (
+    "the operator serves Qwen3-32B as a generative chat model, which the capacity plan and the "
+    "gateway's routes assume; remove it"
+)
+#: Flags refused in extraArgs although the operator does not set them: they would open the engine to
+#: the network beside the gateway, break what the gateway and probes connect to, change the model
+#: served, or turn off what the operator relies on. Deliberately accepted, though they look related:
+#: --allow-credentials, --allowed-methods and --allowed-headers (no effect without --allowed-origins),
+#: --kv-events-config (the gateway's kv_aware policy needs the engines' KV events), and
+#: --enable-log-requests / --enable-log-outputs (prompts in the engine's log are the owner's choice).
 REFUSED_FLAGS: dict[str, str] = {
     "--config": "a config file could set the flags the operator owns; put the flags themselves in extraArgs",
-    "--help": "prints the help and exits",
-    "-h": "prints the help and exits",
+    "--help": "it prints the help and exits instead of serving; remove it",
+    "-h": "it prints the help and exits instead of serving; remove it",
+    "--tokenizer": "the tokenizer is the checkpoint's own (spec.model.name); another one would encode "
+    "prompts in a vocabulary the model was not trained on; remove it",
+    "--tokenizer-revision": "the tokenizer follows the checkpoint's revision (spec.model.revision); "
+    "remove it",
+    "--hf-config-path": "it replaces the checkpoint's config.json, from which the capacity plan and "
+    "YaRN are computed; remove it",
+    "--trust-remote-code": "it runs Python code from the model repository; Qwen3 is built into vLLM "
+    "and needs none; remove it",
+    "--code-revision": "it pins remote code, which is never run (--trust-remote-code is refused); remove it",
+    "--dtype": "the capacity plan counts the weights in the checkpoint's dtype (vLLM itself casts "
+    "bfloat16 to float16 on GPUs without bfloat16); float32 would double them and float16 can "
+    "overflow Qwen3's activations; remove it",
+    "--runner": _GENERATION,
+    "--convert": _GENERATION,
+    "--uds": f"the engine would listen on a Unix socket instead of port {ENGINE_PORT}, where the "
+    "gateway and probes connect; remove it",
+    "--grpc": f"it serves gRPC instead of the HTTP OpenAI API on port {ENGINE_PORT}, which the gateway "
+    "and probes call; remove it",
+    "--grpc-port": "it opens a second port (gRPC inference and control services) beside the API, "
+    "outside the gateway's keys and rate limits; remove it",
+    "--ssl-keyfile": _TLS,
+    "--ssl-certfile": _TLS,
+    "--allowed-origins": "it lets web pages on those origins call the engine from their visitors' "
+    "browsers (vLLM 0.32 allows none), reaching it with the visitors' network access; remove it",
+    "--disable-log-stats": "it also stops vLLM's Prometheus metrics, which the queue-depth autoscaler "
+    "(vllm:num_requests_waiting), the alerts and the ServiceMonitor read; remove it",
+    "--headless": "it starts no API server, and the gateway and probes need one; remove it",
+    **dict.fromkeys(_MULTI_POD_FLAGS, _ONE_POD),
+}
+
+#: Values refused for a flag that is fine otherwise: (flag, value) -> why.
+REFUSED_VALUES: dict[tuple[str, str], str] = {
+    ("--load-format", "dummy"): "it serves random weights instead of the checkpoint's; remove it",
 }
 
 
@@ -87,54 +170,64 @@ def check_extra_args(args: list[str]) -> list[tuple[str, str]]:
     """
     problems = []
     known = vllm_flags()
-    pending: str | None = None  # a flag still waiting for its value
+    pending: tuple[str, str] | None = None  # (argument, flag) of a flag still waiting for its value
     after_unknown = False  # the previous argument is an unknown flag: a value may follow (no second error)
     for i, arg in enumerate(args):
         path = f"spec.engine.extraArgs[{i}]"
         if not arg.startswith("-") or _is_number(arg):
             if pending is None and not after_unknown:
                 problems.append((path, f"{arg!r} is not a flag and follows no flag that takes a value"))
+            elif pending is not None and (pending[1], arg) in REFUSED_VALUES:
+                problems.append((path, _value_refusal(pending[1], arg)))
             pending, after_unknown = None, False
             continue
         if pending is not None:
-            problems.append((f"spec.engine.extraArgs[{i - 1}]", f"{pending} needs a value"))
+            problems.append((f"spec.engine.extraArgs[{i - 1}]", f"{pending[0]} needs a value"))
         flag, inline_value, dotted = _flag_name(arg)
+        problem = _flag_problem(flag, inline_value, dotted, known)
+        if problem:
+            problems.append((path, problem))
         takes_value = known.get(flag, False) or dotted
-        if flag in OWNED_FLAGS:
-            problems.append((path, f"{flag} is set by the operator from {OWNED_FLAGS[flag]}; use that field"))
-        elif flag in REFUSED_FLAGS:
-            problems.append((path, f"{flag} is refused: {REFUSED_FLAGS[flag]}"))
-        elif flag not in known:
-            hint = _closest(flag, known)
-            problems.append(
-                (
-                    path,
-                    f"{flag} is not a flag of vLLM {_version()}"
-                    + (f" (did you mean {hint}?)" if hint else ""),
-                )
-            )
-        elif dotted and not known[flag]:
-            problems.append((path, f"{flag} takes no value, so it has no keys to set"))
-        elif inline_value and not takes_value:
-            problems.append((path, f"{flag} takes no value (write {flag} or its --no- form)"))
-        pending = arg if takes_value and not inline_value and flag in known else None
-        after_unknown = flag not in known and not inline_value
+        pending = (arg, flag) if takes_value and inline_value is None and flag in known else None
+        after_unknown = flag not in known and inline_value is None
     if pending is not None:
-        problems.append((f"spec.engine.extraArgs[{len(args) - 1}]", f"{pending} needs a value"))
+        problems.append((f"spec.engine.extraArgs[{len(args) - 1}]", f"{pending[0]} needs a value"))
     return problems
 
 
-def _flag_name(arg: str) -> tuple[str, bool, bool]:
-    """(canonical flag, has an inline `=value`, is a dotted `--flag.key`) of one argument."""
+def _flag_problem(flag: str, inline_value: str | None, dotted: bool, known: dict[str, bool]) -> str | None:
+    """Why one flag (canonical name) may not be in extraArgs, or None."""
+    if flag in OWNED_FLAGS:
+        return OWNED_FLAGS[flag].message(flag)
+    if flag in REFUSED_FLAGS:
+        return f"{flag} is refused: {REFUSED_FLAGS[flag]}"
+    if flag not in known:
+        hint = _closest(flag, known)
+        return f"{flag} is not a flag of vLLM {_version()}" + (f" (did you mean {hint}?)" if hint else "")
+    if dotted and not known[flag]:
+        return f"{flag} takes no value, so it has no keys to set"
+    if inline_value is not None and not known[flag]:
+        return f"{flag} takes no value (write {flag} or its --no- form)"
+    if inline_value is not None and (flag, inline_value) in REFUSED_VALUES:
+        return _value_refusal(flag, inline_value)
+    return None
+
+
+def _value_refusal(flag: str, value: str) -> str:
+    return f"{flag} {value} is refused: {REFUSED_VALUES[(flag, value)]}"
+
+
+def _flag_name(arg: str) -> tuple[str, str | None, bool]:
+    """(canonical flag, its inline `=value` or None, is a dotted `--flag.key`) of one argument."""
     if arg.startswith("-O") and not arg.startswith("--") and arg != "-O":
-        return "--optimization-level", True, False  # -O3, -O=3
+        return "--optimization-level", arg[2:].removeprefix("="), False  # -O3, -O=3
     if arg == "-O":
-        return "--optimization-level", False, False
-    name, eq, _ = arg.partition("=")
+        return "--optimization-level", None, False
+    name, eq, value = arg.partition("=")
     name, dot, _ = name.partition(".")
     if name.startswith("--"):
         name = "--" + name[2:].replace("_", "-")
-    return name, bool(eq), bool(dot)
+    return name, value if eq else None, bool(dot)
 
 
 def _is_number(arg: str) -> bool:

@@ -127,7 +127,12 @@ class RuntimeMemory:
 
 @dataclass
 class Plan:
-    """The capacity plan of one QwenDeployment; `errors` empty means it starts and fits."""
+    """The capacity plan of one QwenDeployment; no `errors` means it starts and fits.
+
+    Errors come in two kinds the status keeps apart: a spec that breaks a rule of the model, vLLM or
+    the operator whatever the hardware (ConfigValid), and one that is valid but does not fit the GPU
+    pool (CapacityFit): the fix differs, editing the spec or choosing more or larger GPUs.
+    """
 
     model: str
     gpu: str
@@ -148,14 +153,25 @@ class Plan:
     yarn: Yarn | None = None
     request_timeout_seconds: int = 0  # the gateway's request timeout: the spec's, or derived
     warnings: list[tuple[str, str]] = field(default_factory=list)
-    errors: list[tuple[str, str]] = field(default_factory=list)
+    config_errors: list[tuple[str, str]] = field(default_factory=list)  # rules broken (ConfigValid)
+    capacity_errors: list[tuple[str, str]] = field(default_factory=list)  # GPU pool too small (CapacityFit)
+
+    @property
+    def errors(self) -> list[tuple[str, str]]:
+        """Every reason it cannot start: the spec's rule errors, then its capacity errors."""
+        return self.config_errors + self.capacity_errors
 
     @property
     def fits(self) -> bool:
         return not self.errors
 
-    def error(self, path: str, message: str) -> None:
-        self.errors.append((path, message))
+    def invalid(self, path: str, message: str) -> None:
+        """The spec breaks a rule that no GPU pool would change."""
+        self.config_errors.append((path, message))
+
+    def does_not_fit(self, path: str, message: str) -> None:
+        """The spec is valid but needs more GPU memory or GPUs per node than the pool has."""
+        self.capacity_errors.append((path, message))
 
     def warn(self, path: str, message: str) -> None:
         self.warnings.append((path, message))
@@ -200,14 +216,14 @@ def _model_of(plan: Plan, spec: QwenDeploymentSpec) -> ModelInfo | None:
     if source.checkpoint is None:
         model = MODELS.get(source.name)
         if model is None:
-            plan.error(
+            plan.invalid(
                 "spec.model.name",
                 f"unknown model {source.name!r}; supported: {', '.join(MODELS)}, or declare a community "
                 "Qwen3-32B checkpoint in spec.model.checkpoint (quantization, weightSize)",
             )
         return model
     if source.name in MODELS:
-        plan.error(
+        plan.invalid(
             "spec.model.checkpoint",
             f"{source.name} is in the catalog, which knows its storage and size; remove checkpoint",
         )
@@ -234,15 +250,15 @@ def _check_parallelism(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo) -
     heads, kv_heads = model.num_attention_heads, model.num_kv_heads
     if heads % tp or kv_heads % tp:
         valid = [n for n in range(1, kv_heads + 1) if heads % n == 0 and kv_heads % n == 0]
-        plan.error(
+        plan.invalid(
             "spec.parallelism.tensor",
             f"tensor parallel size {tp} must divide the model's {heads} attention heads and {kv_heads} "
             f"KV heads; valid sizes: {', '.join(map(str, valid))}",
         )
     if pp > model.num_layers:
-        plan.error("spec.parallelism.pipeline", f"{pp} stages exceed the model's {model.num_layers} layers")
+        plan.invalid("spec.parallelism.pipeline", f"{pp} stages exceed the model's {model.num_layers} layers")
     if tp * pp > spec.gpu.gpus_per_node:
-        plan.error(
+        plan.does_not_fit(
             "spec.parallelism",
             f"a replica needs {tp * pp} GPUs (tensor {tp} x pipeline {pp}) but a node of the pool has "
             f"{spec.gpu.gpus_per_node} (spec.gpu.gpusPerNode)",
@@ -255,7 +271,7 @@ def _check_quantization(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo, 
     quant = stored if wanted is None else (None if wanted == "none" else wanted)
     plan.quantization = quant
     if quant not in COMPATIBLE_QUANTIZATION[stored]:
-        plan.error("spec.engine.quantization", _quantization_mismatch(model, stored, quant))
+        plan.invalid("spec.engine.quantization", _quantization_mismatch(model, stored, quant))
     if quant in FP8_METHODS and not gpu.fp8_compute:
         plan.warn(
             "spec.engine.quantization",
@@ -305,7 +321,7 @@ def yarn_for(max_model_len: int) -> Yarn | None:
 def _check_context(plan: Plan, spec: QwenDeploymentSpec) -> None:
     length = spec.engine.max_model_len
     if length > MAX_CONTEXT:
-        plan.error(
+        plan.invalid(
             "spec.engine.maxModelLen",
             f"{length} exceeds {MAX_CONTEXT}, the longest context Qwen3 supports (YaRN factor 4)",
         )
@@ -332,13 +348,13 @@ def _check_batching(plan: Plan, spec: QwenDeploymentSpec) -> None:
             "in one step, stalling running streams; keep it on outside benchmarks",
         )
     if not e.enable_chunked_prefill and e.max_num_batched_tokens < e.max_model_len:
-        plan.error(
+        plan.invalid(
             "spec.engine.maxNumBatchedTokens",
             f"{e.max_num_batched_tokens} is below maxModelLen {e.max_model_len} with chunked prefill off: "
             "a full-length prompt could never be scheduled; raise it or enable chunked prefill",
         )
     if e.max_num_batched_tokens < e.max_num_seqs:
-        plan.error(
+        plan.invalid(
             "spec.engine.maxNumBatchedTokens",
             f"{e.max_num_batched_tokens} is below maxNumSeqs {e.max_num_seqs}: every running request needs "
             "at least one token per step",
@@ -397,7 +413,7 @@ def _compute_memory(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo, gpu:
     plan.max_concurrent_at_max_model_len = plan.kv_tokens_per_replica // plan.max_model_len
     needed = plan.weights_bytes_per_gpu + runtime.total_bytes
     if budget <= 0:
-        plan.error(
+        plan.does_not_fit(
             "spec.gpu.type",
             f"weights need {gib(plan.weights_bytes_per_gpu)} per GPU plus {gib(runtime.total_bytes)} "
             f"runtime ({_runtime_terms(runtime, e.max_num_batched_tokens, e.max_num_seqs)}) = "
@@ -407,7 +423,7 @@ def _compute_memory(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo, gpu:
         )
     elif plan.max_concurrent_at_max_model_len < 1:
         seq = plan.max_model_len * plan.kv_bytes_per_token
-        plan.error(
+        plan.does_not_fit(
             "spec.engine.maxModelLen",
             f"one {plan.max_model_len}-token sequence needs {gib(seq)} of KV cache but a replica has "
             f"{gib(plan.kv_budget_bytes_per_gpu * tp * pp)} ({plan.kv_tokens_per_replica} tokens) after "
@@ -509,7 +525,7 @@ def _check_speculative(plan: Plan, spec: QwenDeploymentSpec) -> None:
         # vllm/config/speculative.py: the draft keeps its own config (max_position_embeddings 40,960,
         # no rope scaling) while the proposer feeds it positions up to the target's max_model_len; only
         # EAGLE drafts get their rotary cache raised to the target's length (vLLM #48894).
-        plan.error(
+        plan.invalid(
             "spec.engine.speculative.model",
             f"draft model {spec_dec.model} has {DRAFT_MODEL_MAX_POSITIONS} positions and no YaRN, but "
             f"maxModelLen {plan.max_model_len} feeds it positions up to that: vLLM 0.32 raises the rotary "

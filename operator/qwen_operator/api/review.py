@@ -28,6 +28,16 @@ class Review:
     def ok(self) -> bool:
         return self.plan.fits
 
+    @property
+    def config_problems(self) -> list[str]:
+        """`path: message` of each rule the spec breaks (ConfigValid=False)."""
+        return [f"{path}: {message}" for path, message in self.plan.config_errors]
+
+    @property
+    def capacity_problems(self) -> list[str]:
+        """`path: message` of each way the spec does not fit its GPU pool (CapacityFit=False)."""
+        return [f"{path}: {message}" for path, message in self.plan.capacity_errors]
+
     def plan_dict(self) -> dict[str, Any]:
         """The plan as published in `status.plan` and printed by `qwen-operator plan -o json`."""
         p = self.plan
@@ -64,6 +74,6 @@ def review(body: dict[str, Any]) -> Review:
     plan = make_plan(resource.spec)
     check_pass_through(resource.spec, plan)
     for path, message in check_extra_args(resource.spec.engine.extra_args):
-        plan.error(path, message)
+        plan.invalid(path, message)
     command = command_line(resource.spec, plan) if plan.fits else []
     return Review(resource=resource, plan=plan, command=command)

@@ -7,9 +7,19 @@ GitOps tools see no drift, and a new operator version can improve a default for 
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
@@ -74,6 +84,80 @@ Quantity = Annotated[
 ]
 DnsName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
 
+
+@dataclass(frozen=True)
+class StringRule:
+    """A rule on a string that pydantic and the API server (as CEL) check alike, with one message.
+
+    `pattern` is written once for both: a regex that RE2 (CEL's `matches`) and Python read the same way,
+    searched, not anchored unless it says so, and without backslashes (a CEL string literal would need
+    them doubled).
+    """
+
+    pattern: str
+    message: str
+    must_match: bool = True  # False: the value must not match
+
+    def broken_by(self, value: str) -> bool:
+        return (re.search(self.pattern, value) is None) == self.must_match
+
+    def cel(self, subject: str = "self") -> str:
+        test = f"{subject}.matches('{self.pattern}')"
+        return test if self.must_match else f"!{test}"
+
+
+def cel_rules(rules: tuple[StringRule, ...]) -> list[dict[str, str]]:
+    """The rules as x-kubernetes-validations of the string they apply to."""
+    return [{"rule": r.cel(), "message": r.message} for r in rules]
+
+
+def checked_by(rules: tuple[StringRule, ...]) -> AfterValidator:
+    """A pydantic validator raising the first broken rule's message."""
+
+    def check(value: str) -> str:
+        broken = next((r for r in rules if r.broken_by(value)), None)
+        if broken is not None:
+            raise PydanticCustomError("string_rule", "{message}", {"message": broken.message})
+        return value
+
+    return AfterValidator(check)
+
+
+#: An image must be pinned: the engine's flags are checked against one vLLM version, and an untagged
+#: or :latest image changes under a running deployment (nodes pull whatever it is that day).
+IMAGE_RULES = (
+    StringRule(
+        "^[^@]+:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$|@sha256:[a-f0-9]{64}$",
+        "name a tag or a digest, e.g. vllm/vllm-openai:v0.32.0 or vllm/vllm-openai@sha256:<64 hex digits>; "
+        "without one every node pulls whatever :latest is that day",
+    ),
+    StringRule(
+        ":latest$",
+        ":latest moves whenever a new image is pushed, so replicas started on different days run "
+        "different versions; pin a version tag or a digest",
+        must_match=False,
+    ),
+)
+Image = Annotated[
+    str,
+    checked_by(IMAGE_RULES),
+    Field(
+        min_length=1, max_length=512, json_schema_extra={"x-kubernetes-validations": cel_rules(IMAGE_RULES)}
+    ),
+]
+PROMETHEUS_URL_RULES = (
+    StringRule(
+        "^https?://[^/ ]+",
+        "a URL with scheme and host, e.g. http://prometheus-operated.monitoring.svc:9090 (KEDA's "
+        "Prometheus trigger calls it)",
+    ),
+)
+PrometheusUrl = Annotated[
+    str,
+    checked_by(PROMETHEUS_URL_RULES),
+    Field(max_length=2048, json_schema_extra={"x-kubernetes-validations": cel_rules(PROMETHEUS_URL_RULES)}),
+]
+
 _QUANTITY_FACTORS = {
     "": 1, "m": 0.001, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
@@ -103,11 +187,68 @@ def field_error(field: str, message: str) -> PydanticCustomError:
     return PydanticCustomError("field_rule", "{message}", {"field": field, "message": message})
 
 
+#: Env vars the operator sets on the engine container itself (manifests/engine.py), with the field
+#: behind each (None: no field). An entry of the same name in engine.env would clash with the
+#: operator's (server-side apply refuses two entries of one name) or put a secret in the pod spec.
+OPERATOR_ENV: dict[str, str | None] = {
+    "HF_HOME": "spec.model.cache",
+    "HF_HUB_OFFLINE": "spec.model.offline",
+    "HF_TOKEN": "spec.model.hfTokenSecret",
+    "VLLM_API_KEY": "spec.engine.apiKeySecret",
+    "VLLM_NO_USAGE_STATS": None,
+    "DO_NOT_TRACK": None,
+}
+
+
+def _operator_env_message(name: str) -> str:
+    field = OPERATOR_ENV[name]
+    if field is None:
+        return f"{name} is set by the operator (usage reporting stays off); remove the entry"
+    return f"{name} is set by the operator from {field}; use that field and remove the entry"
+
+
+def _env_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise field_error("name", "required field is missing (the variable's name)")
+    if name in OPERATOR_ENV:
+        raise field_error("name", _operator_env_message(name))
+    return entry
+
+
+EnvVar = Annotated[
+    dict[str, Any],
+    AfterValidator(_env_entry),
+    Field(
+        json_schema_extra={
+            "x-kubernetes-preserve-unknown-fields": True,  # value, valueFrom: the Kubernetes EnvVar
+            "required": ["name"],
+            "properties": {"name": {"type": "string", "minLength": 1}},
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"!(self.name in {sorted(OPERATOR_ENV)})",
+                    "message": f"{', '.join(OPERATOR_ENV)} are set by the operator (from "
+                    f"{', '.join(f for f in OPERATOR_ENV.values() if f)}); use those fields and "
+                    "remove the entry",
+                    "fieldPath": ".name",
+                }
+            ],
+        }
+    ),
+]
+
+
 class SecretKeyRef(Model):
     """A key of a Secret in the QwenDeployment's namespace."""
 
     name: DnsName = Field(description="Name of the Secret.")
     key: str = Field(default="token", min_length=1, description="Key in the Secret. Default `token`.")
+
+
+_OFFLINE_NEEDS_CLAIM = (
+    "offline serves only from the model cache, and without spec.model.cache.claimName the cache is an "
+    "emptyDir that starts empty; name a prefilled PersistentVolumeClaim there, or turn offline off"
+)
 
 
 class ModelCache(Model):
@@ -143,6 +284,19 @@ class CommunityCheckpoint(Model):
 class ModelSource(Model):
     """Which checkpoint to serve and where its weights come from."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.offline) || !self.offline || "
+                    "(has(self.cache) && has(self.cache.claimName))",
+                    "message": _OFFLINE_NEEDS_CLAIM,
+                    "fieldPath": ".offline",
+                }
+            ]
+        }
+    )
+
     name: str = Field(
         min_length=1,
         description="Hugging Face id of the checkpoint: Qwen/Qwen3-32B, Qwen/Qwen3-32B-FP8 or "
@@ -164,8 +318,15 @@ class ModelSource(Model):
     )
     cache: ModelCache = Field(default_factory=ModelCache, description="Model cache volume.")
     offline: bool = Field(
-        default=False, description="Serve only from the cache (HF_HUB_OFFLINE=1); needs a prefilled claim."
+        default=False,
+        description="Serve only from the cache (HF_HUB_OFFLINE=1); needs cache.claimName, a prefilled claim.",
     )
+
+    @model_validator(mode="after")
+    def _offline_needs_a_claim(self) -> ModelSource:
+        if self.offline and self.cache.claim_name is None:
+            raise field_error("offline", _OFFLINE_NEEDS_CLAIM)
+        return self
 
 
 class CustomGpu(Model):
@@ -353,8 +514,10 @@ class Probes(Model):
 class Engine(Model):
     """vLLM engine settings. Each maps to one flag of the pinned vLLM version."""
 
-    image: str | None = Field(
-        default=None, min_length=1, description=f"Engine image. Default `{DEFAULT_ENGINE_IMAGE}`."
+    image: Image | None = Field(
+        default=None,
+        description=f"Engine image, pinned by a tag other than latest or by a digest. Default "
+        f"`{DEFAULT_ENGINE_IMAGE}`.",
     )
     max_model_len: int = Field(
         default=32_768,
@@ -393,10 +556,17 @@ class Engine(Model):
     )
     extra_args: list[str] = Field(
         default_factory=list,
-        description="Further vLLM flags, checked against the pinned vLLM parser; flags the operator owns "
-        "or that have a field here are refused.",
+        description="Further vLLM flags, checked against the pinned vLLM parser. Refused, each with its "
+        "reason: flags the operator sets (from a field here, or fixed such as --host and --port), and "
+        "flags that would open the engine beside the gateway, change the model served or stop its metrics.",
     )
-    env: list[KubeObject] = Field(default_factory=list, description="Extra container env entries.")
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Extra container env entries (Kubernetes EnvVar). Not the variables the operator sets: "
+        + ", ".join(OPERATOR_ENV)
+        + ".",
+    )
     resources: Resources = Field(default_factory=Resources, description="CPU and memory.")
     probes: Probes = Field(default_factory=Probes, description="Probe budget overrides.")
     termination_grace_period_seconds: int = Field(
@@ -467,8 +637,8 @@ class Autoscaling(Model):
         description="hpa: autoscaling/v2 on the pods custom metric qwen_queue_depth (needs "
         "prometheus-adapter with the chart's rule); keda: a ScaledObject with a Prometheus trigger.",
     )
-    prometheus_address: str | None = Field(
-        default=None, description="Prometheus URL for the KEDA trigger (driver keda)."
+    prometheus_address: PrometheusUrl | None = Field(
+        default=None, description="Prometheus URL (http or https) for the KEDA trigger (driver keda)."
     )
     behavior: ScalingBehavior = Field(default_factory=ScalingBehavior, description="Scaling speed.")
 
@@ -516,6 +686,18 @@ class HttpRoute(Model):
 class Gateway(Model):
     """The OpenAI-compatible endpoint in front of the engine replicas: nginx (keys, limits) + vllm-router."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.auth) && self.auth == 'none' && has(self.apiKeysSecret))",
+                    "message": "auth none takes no apiKeysSecret: remove one of them",
+                    "fieldPath": ".apiKeysSecret",
+                }
+            ]
+        }
+    )
+
     enabled: bool = Field(
         default=True, description="Deploy the gateway; off exposes only the engine Service."
     )
@@ -526,9 +708,17 @@ class Gateway(Model):
             description="vllm-router routing policy; cache_aware is load- and prefix-aware.",
         )
     )
-    api_keys_secret: str | None = Field(
+    auth: Literal["apiKeys", "none"] = Field(
+        default="apiKeys",
+        description="Client authentication. `apiKeys` (default): every request needs a key of "
+        "apiKeysSecret, or of a Secret the operator generates when that is unset. `none`: the gateway "
+        "accepts every request (only behind your own authenticating proxy).",
+    )
+    api_keys_secret: DnsName | None = Field(
         default=None,
-        description="Secret whose every key is an API key id and value a key. Unset: no auth (not advised).",
+        description="Secret whose every key is an API key id and value a key. Unset with auth `apiKeys`: "
+        "the operator creates `<name>-gateway-api-keys` with one random key (id `default`) and never "
+        "overwrites it; status.gateway.apiKeysSecret names the Secret in use.",
     )
     rate_limit: RateLimit = Field(default_factory=RateLimit, description="Per-key rate limit.")
     max_concurrent_requests: int | None = Field(
@@ -553,10 +743,16 @@ class Gateway(Model):
         "tokens at a conservative 20 tokens/s per stream, plus 2 minutes, in whole minutes (see the plan).",
     )
     connect_timeout_seconds: int = Field(default=5, ge=1, le=60, description="Connect timeout to an engine.")
-    image: str | None = Field(default=None, description="Gateway image (nginx + vllm-router).")
+    image: Image | None = Field(default=None, description="Gateway image (nginx + vllm-router).")
     service: GatewayService = Field(default_factory=GatewayService, description="Client-facing Service.")
     ingress: Ingress | None = Field(default=None, description="Optional Ingress.")
     http_route: HttpRoute | None = Field(default=None, description="Optional Gateway API HTTPRoute.")
+
+    @model_validator(mode="after")
+    def _keys_need_auth(self) -> Gateway:
+        if self.auth == "none" and self.api_keys_secret is not None:
+            raise field_error("apiKeysSecret", "auth none takes no apiKeysSecret: remove one of them")
+        return self
 
 
 class Monitoring(Model):
@@ -609,12 +805,35 @@ class QwenDeploymentSpec(Model):
         return 1 if self.replicas is None else self.replicas
 
 
+#: What a Deployment's pods add to its name: `-<pod-template-hash>-<random>`, a hash of up to 10
+#: characters (32 bits in decimal, safe-encoded) and 5 random ones.
+POD_NAME_SUFFIX = len("-0123456789-abcde")
+#: The longest metadata.name whose children's names all keep within the 63-character DNS label limit.
+#: The longest child name is a gateway pod, `<name>-gateway` (names.py) plus POD_NAME_SUFFIX: past it
+#: the API server cuts the generated pod names and the hash that tells the pods of a rollout's two
+#: ReplicaSets apart is lost. tests/test_spec.py renders every child to check that this is exact.
+MAX_NAME_LENGTH = 63 - len("-gateway") - POD_NAME_SUFFIX
+NAME_RULES = (
+    StringRule(
+        f"^.{{0,{MAX_NAME_LENGTH}}}$",
+        f"at most {MAX_NAME_LENGTH} characters, so that the name of every child keeps within the "
+        "63-character DNS label limit (the longest is a gateway pod, "
+        "<name>-gateway-<pod-template-hash>-<5 characters>); choose a shorter name",
+    ),
+    StringRule(
+        "^[a-z]([-a-z0-9]*[a-z0-9])?$",
+        "lowercase letters, digits and '-', starting with a letter and ending with a letter or digit "
+        "(a DNS-1035 label: the client Service takes this name); choose another name",
+    ),
+)
+
+
 class ObjectMeta(BaseModel):
     """The parts of metadata the operator reads."""
 
     model_config = ConfigDict(extra="ignore")
 
-    name: str = Field(min_length=1, max_length=42, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    name: Annotated[str, checked_by(NAME_RULES)] = Field(min_length=1)
     namespace: str = "default"
     uid: str | None = None
     generation: int | None = None

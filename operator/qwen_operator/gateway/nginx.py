@@ -7,6 +7,7 @@ from typing import Any
 
 import jinja2
 
+from .. import names
 from ..api.review import Review
 from .limits import Limits
 from .wiring import POD, Wiring
@@ -37,7 +38,7 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
     g = qd.spec.gateway
     return {
         "deployment": f"{qd.metadata.namespace}/{qd.metadata.name}",
-        "auth": g.api_keys_secret is not None,
+        "auth": names.api_keys_secret(qd) is not None,
         "engine_key": qd.spec.engine.api_key_secret is not None,
         "worker_processes": 2,
         # each proxied request holds a client and an upstream connection

@@ -101,6 +101,7 @@ def _container(review: Review) -> dict[str, Any]:
         "livenessProbe": {**probe, "periodSeconds": 15, "failureThreshold": 6, "timeoutSeconds": 10},
         # Leave the gateway time to stop routing here before vLLM starts refusing requests.
         "lifecycle": {"preStop": {"sleep": {"seconds": 10}}},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
 
 
@@ -113,6 +114,11 @@ def build_engine_deployment(review: Review, rollout: Rollout) -> dict[str, Any]:
         "terminationGracePeriodSeconds": spec.engine.termination_grace_period_seconds,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
+        # The restricted Pod Security Standard but for one rule, runAsNonRoot: vllm/vllm-openai has no
+        # USER and is built for root; vLLM, Triton and FlashInfer write their caches under $HOME/.cache,
+        # and another uid (no passwd entry in the image) gets HOME=/, which it cannot write. Baseline
+        # admits this pod (docs/security.md).
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         **NodePool.of(spec.gpu).pod_scheduling(),
     }
     if spec.engine.priority_class_name:

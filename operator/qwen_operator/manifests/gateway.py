@@ -50,7 +50,7 @@ def _nginx_container(review: Review, config: GatewayConfig) -> dict[str, Any]:
         {"name": "state", "mountPath": w.state_dir},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
-    if review.resource.spec.gateway.api_keys_secret:
+    if names.api_keys_secret(review.resource):
         mounts.append({"name": "api-keys", "mountPath": w.api_keys_dir, "readOnly": True})
     if review.resource.spec.engine.api_key_secret:
         mounts.append({"name": "engine-key", "mountPath": w.engine_key_dir, "readOnly": True})
@@ -169,14 +169,10 @@ def _volumes(review: Review, config: GatewayConfig) -> list[dict[str, Any]]:
             },
         },
     ]
-    if qd.spec.gateway.api_keys_secret:
+    keys = names.api_keys_secret(qd)
+    if keys:
         # Mounted as files (not env) so that kubelet updates them in place and nginx reloads.
-        volumes.append(
-            {
-                "name": "api-keys",
-                "secret": {"secretName": qd.spec.gateway.api_keys_secret, "defaultMode": 0o440},
-            }
-        )
+        volumes.append({"name": "api-keys", "secret": {"secretName": keys, "defaultMode": 0o440}})
     ref = qd.spec.engine.api_key_secret
     if ref:
         volumes.append(
@@ -323,3 +319,26 @@ def build_gateway(review: Review, config: GatewayConfig | None = None) -> list[d
         build_gateway_config_map(review, config),
         build_gateway_deployment(review, config),
     ]
+
+
+#: The key id in a generated API-key Secret (its file name in the gateway; the access log's key_id).
+GENERATED_KEY_ID = "default"
+
+
+def generated_api_keys_secret(review: Review, key: str) -> dict[str, Any] | None:
+    """The API-key Secret the operator creates once, when auth is on and no Secret is named; else None.
+
+    Created (never applied, never overwritten) with a random `key` the caller draws: owned by the
+    QwenDeployment, so it goes with it; a user may edit or replace its keys, the operator never reads it.
+    """
+    qd = review.resource
+    g = qd.spec.gateway
+    if not g.enabled or g.auth == "none" or g.api_keys_secret:
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(qd, names.generated_api_keys(qd), "gateway"),
+        "type": "Opaque",
+        "stringData": {GENERATED_KEY_ID: key},
+    }

@@ -1,0 +1,295 @@
+"""Upgrade from the previous release (tag v0.1.0) to the working tree's operator on the dev cluster.
+
+v0.1.0 runs from a `git worktree` of the tag (its own install.yaml, its code on PYTHONPATH, this venv's
+packages), converges the examples that fit the dev cluster's kwok GPU pools, and stops; the working
+tree's install.yaml is applied and its operator started. Which children change form is computed by
+rendering the same QwenDeployments with both versions (`qwen-operator render`); the apiserver's audit
+log then shows that every child whose rendered form did not change got no write at all after the
+switch, and the engine Deployments whose pod template did not change kept their ReplicaSets and pods
+(no engine restart). The test prints which children changed form and why (the paths that differ).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from qwen_devtools.operator_proc import (
+    OPERATOR_USER,
+    OperatorProcess,
+    audit_writes,
+    install,
+    service_account_kubeconfig,
+)
+from qwen_devtools.procs import clean_env
+from qwen_devtools.wait import wait_until
+from qwen_operator.kinds import MANAGED, kind_of
+from qwen_operator.names import MANAGED_BY
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[1]
+PREVIOUS = "v0.1.0"
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+Key = tuple[str, str]  # (resource plural, name) of a child, as the audit log's objectRef names it
+_ABSENT = object()
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="module")
+def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A worktree of the previous release in a temp dir, removed at the end (however the test ends)."""
+    try:
+        git("rev-parse", "--verify", f"{PREVIOUS}^{{commit}}")
+    except subprocess.CalledProcessError:
+        pytest.fail(f"tag {PREVIOUS} is missing: fetch the tags (a clone of main has it)", pytrace=False)
+    path = tmp_path_factory.mktemp("previous") / PREVIOUS
+    git("worktree", "add", "--detach", str(path), PREVIOUS)
+    try:
+        yield path
+    finally:
+        git("worktree", "remove", "--force", str(path))
+
+
+def operator_env(source: Path) -> dict[str, str]:
+    """The environment that makes this venv's `qwen-operator` run the code under `source`."""
+    return {"PYTHONPATH": str(source / "operator")}
+
+
+def running_code(env: dict[str, str]) -> Path:
+    """Where `qwen_operator` is imported from with `env` (proof of which version runs)."""
+    code = "import qwen_operator; print(qwen_operator.__file__)"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=clean_env(env),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return Path(out.stdout.strip())
+
+
+def render(source: Path, crs: Path) -> dict[Key, dict[str, Any]]:
+    """The children `qwen-operator render` of the version under `source` makes for the CRs in `crs`."""
+    exe = Path(sys.executable).with_name("qwen-operator")
+    out = subprocess.run(
+        [str(exe), "render", "-f", str(crs)],
+        env=clean_env(operator_env(source)),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return {_key(obj): obj for obj in yaml.safe_load_all(out) if obj}
+
+
+def _key(obj: dict[str, Any]) -> Key:
+    return kind_of(obj["apiVersion"], obj["kind"]).plural, obj["metadata"]["name"]
+
+
+def diff_paths(old: Any, new: Any, path: str = "") -> list[str]:
+    """The paths at which two rendered objects differ (a list of other length: its path and what came
+    and went)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = sorted(set(old) | set(new))
+        return [p for k in keys for p in diff_paths(old.get(k, _ABSENT), new.get(k, _ABSENT), f"{path}.{k}")]
+    if isinstance(old, list) and isinstance(new, list):
+        if len(old) == len(new):
+            return [
+                p
+                for i, (a, b) in enumerate(zip(old, new, strict=True))
+                for p in diff_paths(a, b, f"{path}[{i}]")
+            ]
+        gone = [json.dumps(x) for x in old if x not in new]
+        came = [json.dumps(x) for x in new if x not in old]
+        return [f"{path} (+{', '.join(came)}; -{', '.join(gone)})"]
+    if old is _ABSENT:
+        return [f"{path or 'the object'} (added)"]
+    if new is _ABSENT:
+        return [f"{path or 'the object'} (removed)"]
+    return [] if old == new else [path]
+
+
+def kubectl_json(cluster: Any, *args: str) -> Any:
+    out = cluster.kubectl(*args, "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == ctype), {})
+
+
+def converged(cluster: Any, ns: str, names: list[str]) -> bool:
+    """Every QwenDeployment's status is of its generation, Ready, and its rollout is complete."""
+    items = {o["metadata"]["name"]: o for o in kubectl_json(cluster, "-n", ns, "get", "qwd")["items"]}
+    return all(
+        name in items
+        and items[name].get("status", {}).get("observedGeneration") == items[name]["metadata"]["generation"]
+        and condition(items[name], "Ready").get("status") == "True"
+        and condition(items[name], "Progressing").get("status") == "False"
+        for name in names
+    )
+
+
+def settle(cluster: Any, operator: OperatorProcess, ns: str, names: list[str], reconciles: int) -> None:
+    """Wait until `operator` ran `reconciles` reconciles, everything converged and its writes stopped."""
+    wait_until(lambda: operator.metric("qwen_operator_reconciles_total") >= reconciles, 60, "reconciles")
+    wait_until(lambda: converged(cluster, ns, names), 120, f"{names} converged")
+    wait_until(lambda: not audit_writes(cluster, [OPERATOR_USER], time.time() - 5), 60, "writes to stop")
+
+
+def replica_sets(cluster: Any, ns: str) -> dict[str, set[str]]:
+    """ReplicaSet uids by owning Deployment."""
+    owned: dict[str, set[str]] = {}
+    for rs in kubectl_json(cluster, "-n", ns, "get", "replicasets")["items"]:
+        for ref in rs["metadata"].get("ownerReferences", []):
+            owned.setdefault(ref["name"], set()).add(rs["metadata"]["uid"])
+    return owned
+
+
+def engine_pods(cluster: Any, ns: str) -> set[str]:
+    pods = kubectl_json(cluster, "-n", ns, "get", "pods", "-l", "app.kubernetes.io/component=engine")
+    return {p["metadata"]["uid"] for p in pods["items"]}
+
+
+def child_writes(cluster: Any, ns: str, since: float) -> Counter[Key]:
+    """Writes of the operator's account after `since` to objects in `ns`, by (resource, name); the
+    QwenDeployments' status and the Events the operator posts are counted under their own resource."""
+    counts: Counter[Key] = Counter()
+    for event in audit_writes(cluster, [OPERATOR_USER], since):
+        ref = event.get("objectRef", {})
+        if ref.get("namespace") == ns:
+            resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+            counts[(resource, ref.get("name", ""))] += 1
+    return counts
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What runs in the test's namespace at one moment."""
+
+    replica_sets: dict[str, set[str]]  # ReplicaSet uids by owning Deployment
+    engine_pods: set[str]  # uids
+    children: set[Key]  # the operator's children that exist
+
+
+def snapshot(cluster: Any, ns: str) -> Snapshot:
+    return Snapshot(replica_sets(cluster, ns), engine_pods(cluster, ns), children(cluster, ns))
+
+
+def children(cluster: Any, ns: str) -> set[Key]:
+    """The objects of the operator's kinds in `ns` that it labels as its own (optional kinds whose CRD
+    the cluster lacks are skipped)."""
+    found = set()
+    for kind in MANAGED:
+        listed = kubectl_json(
+            cluster,
+            "-n",
+            ns,
+            "get",
+            f"{kind.plural}.{kind.group}".rstrip("."),
+            "-l",
+            f"app.kubernetes.io/managed-by={MANAGED_BY}",
+        )
+        found |= {(kind.plural, o["metadata"]["name"]) for o in (listed or {"items": []})["items"]}
+    return found
+
+
+def example_crs(ns: str) -> list[dict[str, Any]]:
+    crs = []
+    for example in EXAMPLES:
+        body = yaml.safe_load(example.read_text())
+        body["metadata"]["namespace"] = ns
+        crs.append(body)
+    return crs
+
+
+def changed_form(previous: Path, crs: list[dict[str, Any]], tmp: Path) -> dict[Key, list[str]]:
+    """The children whose rendered form differs between the two versions, with the paths that differ."""
+    crs_file = tmp / "crs.yaml"
+    crs_file.write_text(yaml.safe_dump_all(crs))
+    old, new = render(previous, crs_file), render(REPO, crs_file)
+    diffs = {
+        key: diff_paths(old.get(key, _ABSENT), new.get(key, _ABSENT)) for key in sorted(set(old) | set(new))
+    }
+    return {key: paths for key, paths in diffs.items() if paths}
+
+
+def run_previous(cluster: Any, previous: Path, crs: list[dict[str, Any]], tmp: Path) -> Path:
+    """Install and run the previous release until `crs` converged; returns the operator's kubeconfig."""
+    install_yaml = previous / "manifests" / "install.yaml"
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(install_yaml))
+    kubeconfig = service_account_kubeconfig(cluster, tmp / "kubeconfig")
+    old = OperatorProcess(kubeconfig, tmp / f"{PREVIOUS}.log", env=operator_env(previous)).start()
+    try:
+        for cr in crs:
+            ns, keys = cr["metadata"]["namespace"], cr["spec"]["gateway"]["apiKeysSecret"]
+            cluster.kubectl("-n", ns, "create", "secret", "generic", keys, "--from-literal=a=sk-a")
+            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
+        settle(cluster, old, ns, [cr["metadata"]["name"] for cr in crs], reconciles=len(crs))
+    finally:
+        old.stop()
+        print(f"\n--- {PREVIOUS} operator log (tail) ---\n{old.tail(15)}")
+    return kubeconfig
+
+
+def test_upgrade_writes_only_what_changed_form(
+    cluster: Any, namespace: str, previous_release: Path, tmp_path: Path
+) -> None:
+    if not (Path(cluster.kubeconfig).parent / "audit.log").exists():
+        pytest.skip("this cluster keeps no audit log (only the dev cluster does)")
+    assert running_code(operator_env(previous_release)).is_relative_to(previous_release)
+    assert running_code(operator_env(REPO)).is_relative_to(REPO / "operator")
+    crs = example_crs(namespace)
+    names = [cr["metadata"]["name"] for cr in crs]
+    changed = changed_form(previous_release, crs, tmp_path)
+    try:
+        kubeconfig = run_previous(cluster, previous_release, crs, tmp_path)
+        before = snapshot(cluster, namespace)
+    finally:
+        install(cluster)  # the working tree's CRD and RBAC, also when the previous release failed
+    switched = time.time()
+    new = OperatorProcess(kubeconfig, tmp_path / "new.log").start()
+    try:
+        settle(cluster, new, namespace, names, reconciles=len(crs))
+        writes = child_writes(cluster, namespace, switched)
+        after = snapshot(cluster, namespace)
+    finally:
+        new.stop()
+        print(f"\n--- working-tree operator log (tail) ---\n{new.tail(15)}")
+
+    print(f"\n[upgrade] {PREVIOUS} -> working tree: children that changed form (render diff):")
+    for (resource, name), paths in changed.items():
+        print(f"  {resource}/{name}: {writes[(resource, name)]} write(s); " + "; ".join(paths))
+    print("[upgrade] writes per object after the switch:", dict(writes) or "none")
+    restarted = [
+        n for n in names if after.replica_sets.get(f"{n}-engine") != before.replica_sets.get(f"{n}-engine")
+    ]
+    print(f"[upgrade] engines with a new ReplicaSet: {restarted or 'none'}")
+
+    unchanged = sorted(before.children - set(changed))
+    print(
+        f"[upgrade] {len(unchanged)} children kept their form, with writes: {[writes[k] for k in unchanged]}"
+    )
+    assert unchanged, "no child kept its form: nothing to check"
+    wrote = {key: writes[key] for key in unchanged if writes[key]}
+    assert not wrote, f"children whose rendered form did not change were written: {wrote}"
+    for name in restarted:
+        paths = changed.get(("deployments", f"{name}-engine"), [])
+        assert any(p.startswith(".spec.template") for p in paths), (
+            f"{name}-engine restarted, template unchanged"
+        )
+    if not restarted:
+        assert after.engine_pods == before.engine_pods, "engine pods were replaced without a new ReplicaSet"

@@ -86,8 +86,18 @@ def namespace(own_cluster: devcluster.Cluster) -> Iterator[str]:
     own_cluster.kubectl("create", "namespace", name)
     own_cluster.kubectl("-n", name, "create", "secret", "generic", "keys", "--from-literal=team=sk-test")
     yield name
-    # Awaited, so that its clean-up does not load the next test (30 deployments take a while).
+    # Awaited, so that its clean-up does not load the next test.
     own_cluster.kubectl("delete", "namespace", name, "--timeout=180s", check=False, timeout=190)
+
+
+@pytest.fixture
+def burst_namespace(own_cluster: devcluster.Cluster) -> Iterator[str]:
+    """`namespace` for the burst test, the module's last: its deletion is not awaited (the cluster goes)."""
+    name = f"burst-{secrets.token_hex(3)}"
+    own_cluster.kubectl("create", "namespace", name)
+    own_cluster.kubectl("-n", name, "create", "secret", "generic", "keys", "--from-literal=team=sk-test")
+    yield name
+    own_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -247,48 +257,6 @@ def figure(line: str) -> None:
 # --- the faults ------------------------------------------------------------------------------------
 
 
-def test_sigkill_in_the_middle_of_a_burst_then_restart(
-    own_cluster: devcluster.Cluster, operator: OperatorProcess, namespace: str
-) -> None:
-    bodies = [qwendeployment(namespace, f"burst-{i:02d}", BURST_POOLS[i % 2]) for i in range(BURST)]
-    apply(own_cluster, *bodies)
-    wait_until(
-        lambda: len(children(own_cluster, namespace)) >= 3,
-        60,
-        "the operator to start on the burst",
-        interval=0.1,
-    )
-    operator.kill()
-    killed = time.monotonic()
-    statuses = sum(1 for o in qwds(own_cluster, namespace) if o.get("status"))
-    started_on = len(children(own_cluster, namespace))
-    assert started_on < BURST, "the burst was done before the kill: nothing was interrupted"
-
-    operator.start()
-    items = wait_all_converged(own_cluster, namespace, BURST, timeout=180)
-    figure(
-        f"SIGKILL mid-burst: {started_on}/{BURST} CRs had children and {statuses} a status at the kill; "
-        f"all {BURST} Ready and Synced {time.monotonic() - killed:.1f} s after the kill (restart included)"
-    )
-    live = children(own_cluster, namespace)
-    for obj in items:
-        name = obj["metadata"]["name"]
-        assert live.get(name) == rendered(obj), f"{name}: children differ from the render"
-        assert obj["status"]["endpoint"].startswith(f"http://{name}.{namespace}.svc")
-        assert obj["status"]["plan"]["fits"] is True
-        assert condition(obj, "Synced")["reason"] == "ReconcileSucceeded"
-    deployments = {n for kinds in live.values() for k, n in kinds if k == "Deployment"}
-    replica_sets = kubectl_json(own_cluster, "-n", namespace, "get", "replicasets")["items"]
-    per_deployment = collections.Counter(r["metadata"]["ownerReferences"][0]["name"] for r in replica_sets)
-    assert per_deployment == collections.Counter(deployments), "a Deployment with more than one ReplicaSet"
-    services = {
-        s["metadata"]["name"] for s in kubectl_json(own_cluster, "-n", namespace, "get", "services")["items"]
-    }
-    assert services == {n for kinds in live.values() for k, n in kinds if k == "Service"}
-    pods = kubectl_json(own_cluster, "-n", namespace, "get", "pods")["items"]
-    assert len(pods) == 2 * BURST, f"{len(pods)} pods for {BURST} engines and {BURST} gateways"
-
-
 def test_api_server_stopped_45_s(
     own_cluster: devcluster.Cluster, operator: OperatorProcess, namespace: str
 ) -> None:
@@ -302,7 +270,7 @@ def test_api_server_stopped_45_s(
             os.kill(pid, signal.SIGCONT)
         return "API server stopped 45 s (SIGSTOP)"
 
-    outage_survived(own_cluster, operator, namespace, stop_45_s)
+    outage_survived(own_cluster, operator, namespace, stop_45_s, nodes_stale=True)
 
 
 def test_api_server_restarted(
@@ -317,11 +285,16 @@ def test_api_server_restarted(
 
 
 def outage_survived(
-    cluster: devcluster.Cluster, operator: OperatorProcess, namespace: str, outage: Callable[[], str]
+    cluster: devcluster.Cluster,
+    operator: OperatorProcess,
+    namespace: str,
+    outage: Callable[[], str],
+    nodes_stale: bool = False,
 ) -> None:
     """Across `outage`: the operator keeps running, its watches of children and of QwenDeployments
     resume (a hand edit is reverted, a new CR converges), and the status of the CR from before still
-    tells the truth about its engine."""
+    tells the truth about its engine. `nodes_stale`: the outage outlasted the node Leases' grace
+    period, so the new CR waits for `nodes_back`."""
     apply(cluster, qwendeployment(namespace, "before"))
     wait_all_converged(cluster, namespace, 1, timeout=90)
     what = outage()
@@ -334,7 +307,8 @@ def outage_survived(
     )
     wait_until(lambda: engine_image(cluster, namespace, "before") == image, 60, "the hand edit reverted")
     reverted = time.monotonic() - back
-    nodes_back(cluster, since=back_at)
+    if nodes_stale:
+        nodes_back(cluster, since=back_at)
     apply(cluster, qwendeployment(namespace, "after"))
     wait_all_converged(cluster, namespace, 2, timeout=90, only="after")
     figure(
@@ -547,3 +521,47 @@ def test_a_service_port_edited_by_hand_is_reverted(
         print(json.dumps(condition(qwds(own_cluster, namespace)[0], "Synced"), indent=1))
     figure(f"Service port edited by hand: reverted in {time.monotonic() - started:.1f} s")
     wait_all_converged(own_cluster, namespace, 1, timeout=30)
+
+
+# Last in the module: its 30 deployments are left to the cluster's teardown.
+def test_sigkill_in_the_middle_of_a_burst_then_restart(
+    own_cluster: devcluster.Cluster, operator: OperatorProcess, burst_namespace: str
+) -> None:
+    namespace = burst_namespace
+    bodies = [qwendeployment(namespace, f"burst-{i:02d}", BURST_POOLS[i % 2]) for i in range(BURST)]
+    apply(own_cluster, *bodies)
+    wait_until(
+        lambda: len(children(own_cluster, namespace)) >= 3,
+        60,
+        "the operator to start on the burst",
+        interval=0.1,
+    )
+    operator.kill()
+    killed = time.monotonic()
+    statuses = sum(1 for o in qwds(own_cluster, namespace) if o.get("status"))
+    started_on = len(children(own_cluster, namespace))
+    assert started_on < BURST, "the burst was done before the kill: nothing was interrupted"
+
+    operator.start()
+    items = wait_all_converged(own_cluster, namespace, BURST, timeout=180)
+    figure(
+        f"SIGKILL mid-burst: {started_on}/{BURST} CRs had children and {statuses} a status at the kill; "
+        f"all {BURST} Ready and Synced {time.monotonic() - killed:.1f} s after the kill (restart included)"
+    )
+    live = children(own_cluster, namespace)
+    for obj in items:
+        name = obj["metadata"]["name"]
+        assert live.get(name) == rendered(obj), f"{name}: children differ from the render"
+        assert obj["status"]["endpoint"].startswith(f"http://{name}.{namespace}.svc")
+        assert obj["status"]["plan"]["fits"] is True
+        assert condition(obj, "Synced")["reason"] == "ReconcileSucceeded"
+    deployments = {n for kinds in live.values() for k, n in kinds if k == "Deployment"}
+    replica_sets = kubectl_json(own_cluster, "-n", namespace, "get", "replicasets")["items"]
+    per_deployment = collections.Counter(r["metadata"]["ownerReferences"][0]["name"] for r in replica_sets)
+    assert per_deployment == collections.Counter(deployments), "a Deployment with more than one ReplicaSet"
+    services = {
+        s["metadata"]["name"] for s in kubectl_json(own_cluster, "-n", namespace, "get", "services")["items"]
+    }
+    assert services == {n for kinds in live.values() for k, n in kinds if k == "Service"}
+    pods = kubectl_json(own_cluster, "-n", namespace, "get", "pods")["items"]
+    assert len(pods) == 2 * BURST, f"{len(pods)} pods for {BURST} engines and {BURST} gateways"

@@ -169,12 +169,14 @@ def _time(stamp: str) -> float:
 
 def test_operator_runs_as_a_pod_under_the_charts_rbac(served: Served) -> None:
     pods = served.kubectl_json("-n", serving.OPERATOR_NAMESPACE, "get", "pods")["items"]
-    (operator,) = [
-        p for p in pods if p["metadata"]["labels"].get("app.kubernetes.io/name") == "qwen-operator"
-    ]
-    assert operator["spec"]["nodeName"] == NODE_NAME
-    assert operator["status"]["phase"] == "Running"
-    assert operator["spec"]["serviceAccountName"] == serving.RELEASE
+    operators = [p for p in pods if p["metadata"]["labels"].get("app.kubernetes.io/name") == "qwen-operator"]
+    assert len(operators) == 2  # the chart's default: a leader and a standby
+    for operator in operators:
+        assert operator["spec"]["nodeName"] == NODE_NAME
+        assert operator["status"]["phase"] == "Running"
+        assert operator["spec"]["serviceAccountName"] == serving.RELEASE
+    lease = served.kubectl_json("-n", serving.OPERATOR_NAMESPACE, "get", "lease", "qwen-operator")
+    assert lease["spec"]["holderIdentity"] in {p["metadata"]["name"] for p in operators}
     lines = (served.cluster.kubeconfig.parent / "audit.log").read_text().splitlines()
     audit = [json.loads(line) for line in lines if line.strip()]
     status_writes = [

@@ -116,16 +116,28 @@ def test_custom_kinds_have_the_expected_shape(values: Path) -> None:
 # --- the operator Deployment -----------------------------------------------------------------------
 
 
+LEADER_FLAGS = [
+    "--leader-elect",
+    "--leader-elect-lease-duration=15",
+    "--leader-elect-renew-deadline=10",
+    "--leader-elect-retry-period=2",
+]
+
+
 def test_operator_deployment_defaults() -> None:
     objects = render()
     deployment = one(objects, "Deployment", "qwen-operator")
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 2  # a leader and a standby (docs/reliability.md)
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     main = container(objects)
     assert main["image"] == "ghcr.io/qwenops/qwen-operator:0.1.0"
     assert main["command"] == ["qwen-operator"]
-    assert main["args"] == ["run", "--all-namespaces", "--metrics-port=8080"]
+    assert main["args"] == ["run", "--all-namespaces", "--metrics-port=8080", *LEADER_FLAGS]
     env = {e["name"]: e for e in main["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["QWEN_OPERATOR_RESYNC_SECONDS"]["value"] == "300"
     for probe in ("livenessProbe", "readinessProbe"):
@@ -155,6 +167,7 @@ def test_namespaced_scope_watches_listed_namespaces_only() -> None:
         "--namespace=llm",
         "--namespace=team-a",
         "--metrics-port=8080",
+        *LEADER_FLAGS,
         "--log-level=debug",
     ]
     args = cli.parser().parse_args(main["args"])  # the operator's own parser accepts them
@@ -291,7 +304,7 @@ def test_crds_can_be_left_out() -> None:
         ("securityContext.runAsUsr=0", "additional properties 'runAsUsr' not allowed"),
         ("operator.scope=everywhere", "operator/scope"),
         ("operator.scope=namespaced", "minItems"),
-        ("replicaCount=2", "replicaCount"),
+        ("replicaCount=2,leaderElection.enabled=false", "replicaCount"),
         ("image.digest=sha256:abc", "image/digest"),
         ("prometheusRule.disabledAlerts[0]=QwenTypo", "disabledAlerts"),
     ],

@@ -33,6 +33,7 @@ OPERATOR_NAMESPACE = "qwen-operator-system"
 OPERATOR_ACCOUNT = "qwen-operator"
 OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_ACCOUNT}"
 START_SECONDS = 60.0
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
 
 def service_account_kubeconfig(
@@ -63,15 +64,13 @@ def service_account_kubeconfig(
 def service_account_like_operator(cluster: Any, account: str) -> str:
     """A ServiceAccount `account` beside the install's, bound to every Role and ClusterRole that
     install.yaml binds to the operator's account; returns its user name (as the audit log records it)."""
-    ns = OPERATOR_NAMESPACE
     cluster.kubectl("apply", "-f", "-", input=_account_yaml(account))
-    for kind in ("clusterrolebinding", "rolebinding"):
-        scope = ("-A",) if kind == "rolebinding" else ()
+    for kind, scope in (("clusterrolebinding", ()), ("rolebinding", ("--all-namespaces",))):
         found = json.loads(cluster.kubectl("get", kind, *scope, "-o", "json").stdout)["items"]
-        for binding in found:
-            if _binds_operator(binding):
-                cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(_binding_copy(binding, account)))
-    return f"system:serviceaccount:{ns}:{account}"
+        copies = [_binding_copy(b, account) for b in found if _binds_operator(b)]
+        if copies:
+            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(copies))
+    return f"system:serviceaccount:{OPERATOR_NAMESPACE}:{account}"
 
 
 def _account_yaml(account: str) -> str:
@@ -128,11 +127,8 @@ def audit_writes(cluster: Any, users: Iterable[str], since: float = 0.0) -> list
     return writes
 
 
-WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
-
-
 def audit_time(stamp: str) -> float:
-    """Epoch seconds of an audit timestamp such as 2026-12-01T10:00:00.123456Z."""
+    """Epoch seconds of a UTC time as the audit log and Leases write it: 2026-12-01T10:00:00.123456Z."""
     whole, _, fraction = stamp.rstrip("Z").partition(".")
     return calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) + float(f"0.{fraction or 0}")
 

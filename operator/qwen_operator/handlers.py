@@ -37,8 +37,11 @@ def _trigger(namespace: str, name: str, generation: int | None = None) -> None:
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def on_qwendeployment(body: kopf.Body, type: str | None, **_: Any) -> None:
-    if type != "DELETED":
-        meta = body["metadata"]
+    meta = body["metadata"]
+    if type == "DELETED":
+        assert _queue is not None, "handlers.install() was not called"
+        _queue.forget((meta["namespace"], meta["name"]))
+    else:
         _trigger(meta["namespace"], meta["name"], meta.get("generation"))
 
 

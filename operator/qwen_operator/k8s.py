@@ -198,13 +198,18 @@ class Cluster:
             return False
         body = json.loads(json.dumps(obj))
         body["metadata"].setdefault("annotations", {})[HASH_ANNOTATION] = digest
-        self._call(
-            "PATCH",
-            _object_path(obj),
-            body=body,
-            content_type="application/apply-patch+yaml",
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
-        )
+        try:
+            self._server_side_apply(body)
+        except ApiException as exc:
+            if not (exc.status == 422 and obj["kind"] == "Service" and live is not None):
+                raise
+            # A port edited by hand is a new entry of the list keyed by (port, protocol), owned by the
+            # editor: apply cannot take it over, and adding ours back beside it duplicates the port name.
+            # Replace the list (a merge patch replaces lists whole), then apply again.
+            log.info("Service %s: ports edited by hand, replacing them", obj["metadata"]["name"])
+            ports = {"spec": {"ports": obj["spec"]["ports"]}}
+            self._call("PATCH", _object_path(obj), body=ports, content_type="application/merge-patch+json")
+            self._server_side_apply(body)
         meta = obj["metadata"]
         log.info("applied %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
         return True
@@ -223,6 +228,15 @@ class Cluster:
             raise
         log.info("created %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
         return True
+
+    def _server_side_apply(self, body: dict[str, Any]) -> None:
+        self._call(
+            "PATCH",
+            _object_path(body),
+            body=body,
+            content_type="application/apply-patch+yaml",
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+        )
 
     def delete(self, obj: dict[str, Any]) -> bool:
         try:

@@ -60,7 +60,10 @@ def report_failure(cluster: Cluster, body: dict[str, Any], failure: tuple[str, s
     try:
         _write_status(cluster, body, {**previous, "conditions": conditions})
     except Exception as exc:  # the failure being reported may be the API server's
-        log.warning("%s/%s: could not write the failure to the status: %s", *_key_of(body), exc)
+        why = (
+            f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else f"{type(exc).__name__}: {exc}"
+        )
+        log.warning("%s/%s: could not write the failure to the status: %s", *_key_of(body), why)
 
 
 def _key_of(body: dict[str, Any]) -> tuple[str, str]:

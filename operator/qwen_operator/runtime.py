@@ -113,8 +113,10 @@ async def operate(queue: WorkQueue, namespaces: list[str]) -> None:
         )
     finally:
         resync.cancel()
-        # kopf leaves its handler threads running: queued work is dropped, running reconciles finish.
+        # kopf leaves its handler threads running: queued work is dropped, running reconciles finish;
+        # retries and scheduled looks are cancelled.
         await asyncio.to_thread(settings.execution.executor.shutdown, wait=True, cancel_futures=True)
+        await asyncio.to_thread(queue.stop)
 
 
 async def lead(elector: Elector, queue: WorkQueue, namespaces: list[str]) -> None:

@@ -58,6 +58,8 @@ class WorkQueue:
         self._dirty: set[Key] = set()
         self._backoff: dict[Key, _Backoff] = {}
         self._requeues: dict[Key, threading.Timer] = {}
+        self._stopped = False
+        self._idle = threading.Condition(self._lock)
 
     def trigger(self, key: Key, generation: int | None = None, retry: bool = False) -> None:
         """Reconcile `key` now in this thread, or mark it for a rerun by the thread already on it.
@@ -65,6 +67,8 @@ class WorkQueue:
         `generation`: of the QwenDeployment whose event triggers (None: a child's event or the resync).
         """
         with self._lock:
+            if self._stopped:
+                return
             failing = self._backoff.get(key)
             if failing and not retry and (generation is None or generation == failing.generation):
                 return  # the retry timer runs it
@@ -86,6 +90,25 @@ class WorkQueue:
             with self._lock:
                 self._running.discard(key)
                 self._dirty.discard(key)
+                self._idle.notify_all()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """No more reconciles: pending retries and looks are cancelled, new triggers ignored, and this
+        returns once the running ones finished (or after `timeout` s). Called before the Lease is released."""
+        with self._lock:
+            self._stopped = True
+            timers = [b.timer for b in self._backoff.values() if b.timer] + list(self._requeues.values())
+            for timer in timers:
+                timer.cancel()
+            self._idle.wait_for(lambda: not self._running, timeout)
+
+    def forget(self, key: Key) -> None:
+        """The QwenDeployment was deleted: drop its retry and its scheduled look."""
+        self._succeeded(key)
+        with self._lock:
+            timer = self._requeues.pop(key, None)
+        if timer is not None:
+            timer.cancel()
 
     def _run_once(self, key: Key) -> bool:
         """One reconcile of `key`; False when it failed (and its retry is scheduled)."""

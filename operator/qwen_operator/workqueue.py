@@ -42,6 +42,12 @@ class _Backoff:
     generation: int | None = None  # of the spec that failed
 
 
+def _new_spec(generation: int | None, failed: int | None) -> bool:
+    """A trigger of a spec other than the one that failed; unknown either side (a child's event, a
+    failed GET of the object itself) is not."""
+    return generation is not None and failed is not None and generation != failed
+
+
 def retry_delay(failures: int, failure: Failure | None = None) -> float:
     """Seconds before the next try after `failures` failures in a row (exponential, capped)."""
     delay = min(RETRY_FIRST_SECONDS * 2 ** max(failures - 1, 0), RETRY_MAX_SECONDS)
@@ -70,7 +76,7 @@ class WorkQueue:
             if self._stopped:
                 return
             failing = self._backoff.get(key)
-            if failing and not retry and (generation is None or generation == failing.generation):
+            if failing and not retry and not _new_spec(generation, failing.generation):
                 return  # the retry timer runs it
             if key in self._running:
                 self._dirty.add(key)

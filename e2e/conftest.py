@@ -78,6 +78,21 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[devcluster.Cluster]:
         devcluster.down(name)
 
 
+@pytest.fixture(scope="module")
+def own_cluster(request: pytest.FixtureRequest) -> Iterator[devcluster.Cluster]:
+    """A dev cluster for one module alone (it stops the API server, or counts writes in its audit log,
+    where another module's operator would blur them), always brought down at the end."""
+    name = f"{request.module.__name__.rpartition('.')[2].removeprefix('test_')}-{secrets.token_hex(3)}"
+    try:
+        handle = devcluster.up(name)
+    except (procs.ComponentError, build.BuildError) as error:
+        pytest.fail(f"dev cluster {name!r} did not start: {error}", pytrace=False)
+    try:
+        yield handle
+    finally:
+        devcluster.down(name)
+
+
 @pytest.fixture(scope="session")
 def api_client(cluster: devcluster.Cluster) -> Iterator[client.ApiClient]:
     """A kubernetes ApiClient (admin) for the session's cluster."""

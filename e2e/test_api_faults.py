@@ -14,6 +14,9 @@ watches by namespace and name only (no label or field selectors: the operator fi
 label), treats server-side apply as a plain JSON merge, keeps no resourceVersions, and runs no
 controllers, scheduler or kwok, so no Deployment ever gets pods and no QwenDeployment can become Ready.
 It can express each fault, but not the convergence that must follow it.
+
+Engine and gateway pods here are SIMULATED (kwok nodes run no containers): a Ready status in these
+tests is kwok's, not a real engine's (e2e/test_real_serving.py serves for real).
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ dev cluster of this module's own (its API server is stopped and restarted here, 
 other tests). Its resync period is left at 300 s, so whatever converges within a test converged through
 the watches. Faults a real server will not produce on demand (409, 429, 5xx, 410) are in
 test_api_faults.py; failover between replicas in test_leader.py.
+
+Engine and gateway pods here are SIMULATED (kwok nodes run no containers): a Ready status in these
+tests is kwok's, not a real engine's (e2e/test_real_serving.py serves for real).
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
-from qwen_devtools.devcluster import build, components, procs
 from qwen_devtools.devcluster import cluster as devcluster
+from qwen_devtools.devcluster import components, procs
 from qwen_devtools.devcluster.state import State
 from qwen_devtools.operator_proc import (
     OPERATOR_USER,
@@ -53,20 +56,6 @@ NO_OPTIONAL_CRDS = ClusterFacts(free_gpus=None, missing_crds=frozenset(k.crd for
 
 
 @pytest.fixture(scope="module")
-def own_cluster() -> Iterator[devcluster.Cluster]:
-    """A dev cluster for this module alone, always brought down at the end."""
-    name = f"faults-{secrets.token_hex(3)}"
-    try:
-        handle = devcluster.up(name)
-    except (procs.ComponentError, build.BuildError) as error:
-        pytest.fail(f"dev cluster {name!r} did not start: {error}", pytrace=False)
-    try:
-        yield handle
-    finally:
-        devcluster.down(name)
-
-
-@pytest.fixture(scope="module")
 def operator(
     own_cluster: devcluster.Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
@@ -79,12 +68,18 @@ def operator(
     print(f"\n--- operator log (tail) ---\n{proc.tail(40)}")
 
 
+def _namespace_with_keys(cluster: devcluster.Cluster, prefix: str) -> str:
+    """A fresh namespace with the gateways' API key Secret `keys`."""
+    name = f"{prefix}-{secrets.token_hex(3)}"
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl("-n", name, "create", "secret", "generic", "keys", "--from-literal=team=sk-test")
+    return name
+
+
 @pytest.fixture
 def namespace(own_cluster: devcluster.Cluster) -> Iterator[str]:
     """A fresh namespace with the gateways' API key Secret `keys`, deleted afterwards."""
-    name = f"faults-{secrets.token_hex(3)}"
-    own_cluster.kubectl("create", "namespace", name)
-    own_cluster.kubectl("-n", name, "create", "secret", "generic", "keys", "--from-literal=team=sk-test")
+    name = _namespace_with_keys(own_cluster, "faults")
     yield name
     # Awaited, so that its clean-up does not load the next test.
     own_cluster.kubectl("delete", "namespace", name, "--timeout=180s", check=False, timeout=190)
@@ -93,9 +88,7 @@ def namespace(own_cluster: devcluster.Cluster) -> Iterator[str]:
 @pytest.fixture
 def burst_namespace(own_cluster: devcluster.Cluster) -> Iterator[str]:
     """`namespace` for the burst test, the module's last: its deletion is not awaited (the cluster goes)."""
-    name = f"burst-{secrets.token_hex(3)}"
-    own_cluster.kubectl("create", "namespace", name)
-    own_cluster.kubectl("-n", name, "create", "secret", "generic", "keys", "--from-literal=team=sk-test")
+    name = _namespace_with_keys(own_cluster, "burst")
     yield name
     own_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 

@@ -5,6 +5,9 @@ proof that only the leader writes.
 The module runs on a kwok dev cluster of its own: it stops that cluster's API server, and an operator
 of another test module (or of another session sharing the `test` cluster) would write to the same
 objects and blur the audit log.
+
+Engine and gateway pods here are SIMULATED (kwok nodes run no containers): a Ready status in these
+tests is kwok's, not a real engine's (e2e/test_real_serving.py serves for real).
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import pytest
 import yaml
 from kubernetes.client import CoordinationV1Api, CoreV1Api, V1Namespace, V1ObjectMeta
 
-from qwen_devtools.devcluster import build, procs
 from qwen_devtools.devcluster import cluster as devcluster
 from qwen_devtools.devcluster.state import State
 from qwen_devtools.operator_proc import (
@@ -59,20 +61,6 @@ READY_SECONDS = 90.0
 #: before it stopped is applied when it resumes (the leader gave up waiting, the server does not know),
 #: so the Lease may look fresh for one more lease duration.
 AFTER_OUTAGE_SECONDS = LEASE_SECONDS + 2 * RETRY_SECONDS + SLACK
-
-
-@pytest.fixture(scope="module")
-def own_cluster() -> Iterator[devcluster.Cluster]:
-    """A dev cluster for this module alone, always brought down at the end."""
-    name = f"leader-{secrets.token_hex(3)}"
-    try:
-        handle = devcluster.up(name)
-    except (procs.ComponentError, build.BuildError) as error:
-        pytest.fail(f"dev cluster {name!r} did not start: {error}", pytrace=False)
-    try:
-        yield handle
-    finally:
-        devcluster.down(name)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ kwok marked them ready; tests of a really serving stack are in test_real_serving
 from __future__ import annotations
 
 import base64
-import calendar
 import copy
 import json
 import time
@@ -19,7 +18,13 @@ from typing import Any
 import pytest
 import yaml
 
-from qwen_devtools.operator_proc import OPERATOR_USER, OperatorProcess, install, service_account_kubeconfig
+from qwen_devtools.operator_proc import (
+    OPERATOR_USER,
+    OperatorProcess,
+    audit_writes,
+    install,
+    service_account_kubeconfig,
+)
 from qwen_devtools.wait import wait_until
 from qwen_operator.api.review import review
 from qwen_operator.k8s import contains
@@ -357,23 +362,9 @@ def test_delete_garbage_collects_everything(cluster: Any, operator: OperatorProc
 
 
 def _audit_writes(cluster: Any, since: float) -> list[dict[str, Any]]:
-    path = Path(cluster.kubeconfig).parent / "audit.log"
-    if not path.exists():
+    if not (Path(cluster.kubeconfig).parent / "audit.log").exists():
         pytest.skip("this cluster keeps no audit log (only the dev cluster does)")
-    writes = []
-    for line in path.read_text().splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:  # the apiserver is writing this line right now
-            continue
-        stamp = calendar.timegm(time.strptime(event["requestReceivedTimestamp"][:19], "%Y-%m-%dT%H:%M:%S"))
-        if (
-            event["user"]["username"] == OPERATOR_USER
-            and event["verb"] in ("create", "update", "patch", "delete")
-            and stamp >= since
-        ):
-            writes.append(event)
-    return writes
+    return audit_writes(cluster, [OPERATOR_USER], since)
 
 
 def test_noop_resync_writes_nothing(

@@ -7,6 +7,9 @@ rendering the same QwenDeployments with both versions (`qwen-operator render`); 
 log then shows that every child whose rendered form did not change got no write at all after the
 switch, and the engine Deployments whose pod template did not change kept their ReplicaSets and pods
 (no engine restart). The test prints which children changed form and why (the paths that differ).
+
+Engine and gateway pods here are SIMULATED (kwok nodes run no containers): a Ready status in these
+tests is kwok's, not a real engine's (e2e/test_real_serving.py serves for real).
 """
 
 from __future__ import annotations

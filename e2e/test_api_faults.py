@@ -195,10 +195,13 @@ def engine_max_model_len(cluster: Any, ns: str, name: str) -> str:
     return str(args[args.index("--max-model-len") + 1])
 
 
-def retry_delays(faulty: Faulty, fault: str, name: str) -> list[float]:
+def retry_delays(faulty: Faulty, fault: str, name: str, since: float) -> list[float]:
     """Seconds from each failed attempt on `name` (the end of the request `fault` answered) to the start of
     the next attempt (its first request, the GET of the QwenDeployment), as the proxy saw them: the
-    backoff itself, without the time an attempt takes on a loaded machine."""
+    backoff itself, without the time an attempt takes on a loaded machine.
+
+    Only attempts that began after `since` (when the spec change was stored) count: one that read the old
+    generation may fail just before the new generation's event, which rightly runs at once."""
     read = Match(
         methods=frozenset({"GET"}),
         path=f"{QWD_API}/namespaces/{faulty.namespace}/qwendeployments/{name}",
@@ -207,6 +210,9 @@ def retry_delays(faulty: Faulty, fault: str, name: str) -> list[float]:
     starts = [e.started for e in faulty.proxy.exchanges(read)]
     delays = []
     for failed in faulty.proxy.exchanges(answered_by=fault):
+        attempt = max((s for s in starts if s <= failed.started), default=0.0)
+        if attempt < since:
+            continue
         after = [s for s in starts if failed.ended and s > failed.ended]
         if not after:
             break
@@ -247,6 +253,7 @@ def fault_during_update(
     pid = faulty.operator.proc.pid  # type: ignore[union-attr]
     fault = faulty.proxy.inject(f"engine-apply-{reply.code}", faulty.engine_apply(name), reply, seconds)
     change_spec(cluster, ns, name, 16384)
+    changed = time.monotonic()
     synced = condition(wait_condition(cluster, ns, name, "Synced", "False", timeout=10), "Synced")
     wait_until(lambda: failing_objects(faulty) == 1, 10, "qwen_operator_failing_objects 1")
     obj = wait_converged(cluster, ns, name, timeout=seconds + 70)
@@ -255,7 +262,7 @@ def fault_during_update(
     assert_children_as_rendered(cluster, obj)
     assert condition(obj, "Synced")["reason"] == "ReconcileSucceeded"
     assert_alive(faulty, pid)
-    delays = retry_delays(faulty, fault.name, name)
+    delays = retry_delays(faulty, fault.name, name, since=changed)
     print(f"\n[{fault.name}] {fault.answered} attempts answered by the proxy, then the apply passed;")
     print(f"  delays before each retry {delays} s; Synced during the fault: {synced}")
     return delays, synced
@@ -303,6 +310,7 @@ def test_server_errors_outlast_kopfs_retries(cluster: Any, start_operator: Calla
     )
     api_down = faulty.proxy.inject("reconciler-503", reconciler, Reply(503), seconds=seconds + 1)
     change_spec(cluster, ns, name, 16384)
+    changed = time.monotonic()
     synced = condition(wait_condition(cluster, ns, name, "Synced", "False", timeout=10), "Synced")
     assert synced["reason"] == "ApiServerError", synced
     assert "retrying in" in synced["message"], synced
@@ -332,7 +340,7 @@ def test_server_errors_outlast_kopfs_retries(cluster: Any, start_operator: Calla
     wait_converged(cluster, ns, "after-outage", timeout=60)
     assert_alive(faulty, pid)
 
-    delays = retry_delays(faulty, api_down.name, name)
+    delays = retry_delays(faulty, api_down.name, name, since=changed)
     print(
         f"\n[5xx] reconcile attempts answered 503: {api_down.answered}, delays before each retry {delays} s"
     )

@@ -1,12 +1,13 @@
 """Upgrade from the previous release (tag v0.1.0) to the working tree's operator on the dev cluster.
 
-v0.1.0 runs from a `git worktree` of the tag (its own install.yaml, its code on PYTHONPATH, this venv's
-packages), converges the examples that fit the dev cluster's kwok GPU pools, and stops; the working
-tree's install.yaml is applied and its operator started. Which children change form is computed by
-rendering the same QwenDeployments with both versions (`qwen-operator render`); the apiserver's audit
-log then shows that every child whose rendered form did not change got no write at all after the
-switch, and the engine Deployments whose pod template did not change kept their ReplicaSets and pods
-(no engine restart). The test prints which children changed form and why (the paths that differ).
+v0.1.0 runs from a `git worktree` of the tagged commit, pinned by hash because a clone may lack the tags
+(its own install.yaml, its code on PYTHONPATH, this venv's packages), converges the examples that fit the
+dev cluster's kwok GPU pools, and stops; the working tree's install.yaml is applied and its operator
+started. Which children change form is computed by rendering the same QwenDeployments with both versions
+(`qwen-operator render`); the apiserver's audit log then shows that every child whose rendered form did
+not change got no write at all after the switch, and the engine Deployments whose pod template did not
+change kept their ReplicaSets and pods (no engine restart). The test prints which children changed form
+and why (the paths that differ).
 
 Engine and gateway pods here are SIMULATED (kwok nodes run no containers): a Ready status in these
 tests is kwok's, not a real engine's (e2e/test_real_serving.py serves for real).
@@ -43,6 +44,8 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[1]
 PREVIOUS = "v0.1.0"
+#: The commit tagged v0.1.0: CI's clone of main has the history but not the tags.
+PREVIOUS_COMMIT = "6ac933ba330d3ae9764ef79ba8fd01b1aae84076"
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 Key = tuple[str, str]  # (resource plural, name) of a child, as the audit log's objectRef names it
 _ABSENT = object()
@@ -56,11 +59,11 @@ def git(*args: str) -> str:
 def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A worktree of the previous release in a temp dir, removed at the end (however the test ends)."""
     try:
-        git("rev-parse", "--verify", f"{PREVIOUS}^{{commit}}")
+        git("rev-parse", "--verify", f"{PREVIOUS_COMMIT}^{{commit}}")
     except subprocess.CalledProcessError:
-        pytest.fail(f"tag {PREVIOUS} is missing: fetch the tags (a clone of main has it)", pytrace=False)
+        pytest.fail(f"commit {PREVIOUS_COMMIT} ({PREVIOUS}) is missing: a shallow clone?", pytrace=False)
     path = tmp_path_factory.mktemp("previous") / PREVIOUS
-    git("worktree", "add", "--detach", str(path), PREVIOUS)
+    git("worktree", "add", "--detach", str(path), PREVIOUS_COMMIT)
     try:
         yield path
     finally:

@@ -15,7 +15,7 @@ from kubernetes.client.rest import ApiException
 
 from qwen_operator.k8s import describe_failure
 from qwen_operator.status import Observed, compute_status, references
-from qwen_operator.workqueue import RETRY_MAX_SECONDS, retry_delay
+from qwen_operator.workqueue import RETRY_MAX_SECONDS, Key, WorkQueue, retry_delay
 from test_status import cond, deployment, reviewed, serving
 
 
@@ -177,6 +177,55 @@ def test_backoff_doubles_up_to_the_cap_and_honours_retry_after() -> None:
     assert delays[:4] == [1, 2, 4, 8]
     assert max(delays) == RETRY_MAX_SECONDS and delays == sorted(delays)
     assert retry_delay(1, describe_failure(_api_error(429, {"Retry-After": "30"}))) == 30
+
+
+class ScriptedQueue(WorkQueue):
+    """The real trigger and backoff rules around a scripted reconcile: each run pops the next outcome
+    (True: success, False: failure of the spec generation `generation`) and may fire `during` triggers
+    first, as watch events arriving while it runs. The retry timer is cancelled: the test fires it."""
+
+    def __init__(self) -> None:
+        super().__init__(cluster=None)  # type: ignore[arg-type]
+        self.outcomes: list[bool] = []
+        self.during: list[dict[str, Any]] = []
+        self.runs = 0
+        self.generation = 1
+
+    def _run_once(self, key: Key) -> bool:
+        self.runs += 1
+        for kwargs in self.during:
+            self.trigger(key, **kwargs)
+        self.during = []
+        if self.outcomes.pop(0):
+            self._succeeded(key)
+            return True
+        self._failed(key, None, {"metadata": {"generation": self.generation}})
+        timer = self._backoff[key].timer
+        assert timer is not None
+        timer.cancel()
+        return False
+
+
+def test_a_failing_object_runs_on_its_timer_or_a_new_spec_and_reruns_after_events_of_a_good_retry() -> None:
+    queue, key = ScriptedQueue(), ("ns", "d")
+    queue.outcomes = [False]
+    queue.trigger(key, generation=1)
+    assert queue.runs == 1
+    queue.trigger(key)  # a child's event
+    queue.trigger(key, generation=1)  # its own status write
+    assert queue.runs == 1, "events of a failing object wait for its timer"
+    queue.outcomes, queue.generation = [False], 2
+    queue.trigger(key, generation=2)  # a new spec does not wait
+    assert queue.runs == 2
+    queue.outcomes, queue.during = [False], [{}]
+    queue.trigger(key, retry=True)  # the timer; a child's event meanwhile, but the run fails
+    assert queue.runs == 3, "a failed run is not rerun for the events it caused"
+    queue.outcomes, queue.during = [True, True], [{}]
+    queue.trigger(key, retry=True)  # the timer; pods became ready meanwhile, and the run succeeds
+    assert queue.runs == 5, "a retry that succeeds reruns once for what changed while it ran"
+    queue.outcomes = [True]
+    queue.trigger(key)
+    assert queue.runs == 6 and key not in queue._backoff
 
 
 def test_an_open_gateway_is_said_in_the_exposure_condition() -> None:

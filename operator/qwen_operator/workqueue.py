@@ -8,8 +8,9 @@ return, and the running thread reruns it once with the newest version.
 A reconcile that fails (an API conflict, throttling, a server error, a timeout, a child name taken by a
 foreign object) is tried again after 1 s, 2 s, 4 s ... up to RETRY_MAX_SECONDS, and never sooner than a
 429's Retry-After; the failure is in the status (condition Synced) meanwhile. While an object fails,
-only its timer or a new generation of its spec runs it (its own status writes and its children's events
-would otherwise defeat the backoff); a good reconcile resets it.
+only its timer or a new generation of its spec starts it (its own status writes and its children's events
+would otherwise defeat the backoff); events during a run that then succeeds still earn one rerun, and a
+good reconcile resets the backoff.
 """
 
 from __future__ import annotations
@@ -75,12 +76,14 @@ class WorkQueue:
         with self._lock:
             if self._stopped:
                 return
+            if key in self._running:
+                # Kept for a rerun if this run succeeds (a failed run drops it: its timer runs next). A
+                # retry that succeeds must still see what changed while it ran (pods became ready).
+                self._dirty.add(key)
+                return
             failing = self._backoff.get(key)
             if failing and not retry and not _new_spec(generation, failing.generation):
                 return  # the retry timer runs it
-            if key in self._running:
-                self._dirty.add(key)
-                return
             self._running.add(key)
         try:
             while True:

@@ -8,7 +8,7 @@ export QWEN_OPERATOR_CACHE := $(CACHE)
 DEVCLUSTER := $(PY) -m qwen_devtools.devcluster
 PYTEST_ARGS ?=
 
-.PHONY: help setup test unit e2e lint generate verify demo demo-down bench clean
+.PHONY: help setup test unit e2e lint generate verify demo demo-down bench bench-quick clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -53,8 +53,11 @@ demo: setup ## dev cluster with GPU pools, operator installed with the chart, an
 demo-down: ## stop the demo cluster and operator
 	$(PY) -m qwen_devtools.demo down
 
-bench: setup ## gateway benchmark (ratios against direct engine access)
-	$(PY) bench/gateway_bench.py
+bench: setup ## every benchmark scenario (ratios to peers measured in the same run); writes README's Performance
+	$(PY) bench/suite.py --readme
+
+bench-quick: setup ## every benchmark scenario's smoke mode (minutes; README untouched)
+	$(PY) bench/suite.py --quick
 
 clean: ## remove the venv (the cache, ~/.cache/qwen-operator by default, stays)
 	rm -rf $(VENV) .devcluster

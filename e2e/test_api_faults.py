@@ -195,29 +195,18 @@ def engine_max_model_len(cluster: Any, ns: str, name: str) -> str:
     return str(args[args.index("--max-model-len") + 1])
 
 
-def retry_delays(faulty: Faulty, fault: str, name: str, since: float) -> list[float]:
-    """Seconds from each failed attempt on `name` (the end of the request `fault` answered) to the start of
-    the next attempt (its first request, the GET of the QwenDeployment), as the proxy saw them: the
-    backoff itself, without the time an attempt takes on a loaded machine.
+def retry_delays(faulty: Faulty, fault: str, match: Match, since: float) -> list[float]:
+    """Seconds from each failed attempt (the end of its request that `fault` answered: an attempt stops
+    at its first failed request) to the next request `match` selects (the next attempt's), as the proxy
+    saw them: the backoff itself, plus the requests that passed before it in that attempt (the operator
+    reads from its caches: few or none).
 
-    Only attempts that began after `since` (when the spec change was stored) count: one that read the old
+    Only requests after `since` (when the spec change was stored) count: an attempt on the old
     generation may fail just before the new generation's event, which rightly runs at once."""
-    read = Match(
-        methods=frozenset({"GET"}),
-        path=f"{QWD_API}/namespaces/{faulty.namespace}/qwendeployments/{name}",
-        user_agent=CLIENT,
-    )
-    starts = [e.started for e in faulty.proxy.exchanges(read)]
-    delays = []
-    for failed in faulty.proxy.exchanges(answered_by=fault):
-        attempt = max((s for s in starts if s <= failed.started), default=0.0)
-        if attempt < since:
-            continue
-        after = [s for s in starts if failed.ended and s > failed.ended]
-        if not after:
-            break
-        delays.append(round(after[0] - (failed.ended or 0), 2))
-    return delays
+    tries = faulty.proxy.exchanges(match, since=since)
+    return [
+        round(b.started - (a.ended or 0), 2) for a, b in itertools.pairwise(tries) if a.answered_by == fault
+    ]
 
 
 def gaps(times: list[float]) -> list[float]:
@@ -251,7 +240,8 @@ def fault_during_update(
     deploy(cluster, ns, name)
     wait_converged(cluster, ns, name)
     pid = faulty.operator.proc.pid  # type: ignore[union-attr]
-    fault = faulty.proxy.inject(f"engine-apply-{reply.code}", faulty.engine_apply(name), reply, seconds)
+    apply = faulty.engine_apply(name)
+    fault = faulty.proxy.inject(f"engine-apply-{reply.code}", apply, reply, seconds)
     change_spec(cluster, ns, name, 16384)
     changed = time.monotonic()
     synced = condition(wait_condition(cluster, ns, name, "Synced", "False", timeout=10), "Synced")
@@ -262,7 +252,7 @@ def fault_during_update(
     assert_children_as_rendered(cluster, obj)
     assert condition(obj, "Synced")["reason"] == "ReconcileSucceeded"
     assert_alive(faulty, pid)
-    delays = retry_delays(faulty, fault.name, name, since=changed)
+    delays = retry_delays(faulty, fault.name, apply, since=changed)
     print(f"\n[{fault.name}] {fault.answered} attempts answered by the proxy, then the apply passed;")
     print(f"  delays before each retry {delays} s; Synced during the fault: {synced}")
     return delays, synced
@@ -340,7 +330,7 @@ def test_server_errors_outlast_kopfs_retries(cluster: Any, start_operator: Calla
     wait_converged(cluster, ns, "after-outage", timeout=60)
     assert_alive(faulty, pid)
 
-    delays = retry_delays(faulty, api_down.name, name, since=changed)
+    delays = retry_delays(faulty, api_down.name, reconciler, since=changed)
     print(
         f"\n[5xx] reconcile attempts answered 503: {api_down.answered}, delays before each retry {delays} s"
     )

@@ -78,12 +78,12 @@ CHILD_VERBS = ("get", "list", "watch", "create", "patch", "update", "delete")
 CLUSTER_READS: dict[tuple[str, str, str], tuple[str, ...]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions", ""): ("get", "list", "watch"),
     **{
-        ("apiregistration.k8s.io", "apiservices", name): ("get",)
+        ("apiregistration.k8s.io", "apiservices", name): ("get", "list", "watch")
         for name in sorted(METRICS_API_SERVICE.values())
     },
 }
-#: Cluster scope only: nodes, for free GPUs (counted with the cluster-wide pod list).
-CLUSTER_SCOPE_READS = {("", "nodes", ""): ("list",)}
+#: Cluster scope only: nodes, for free GPUs (counted with the cluster-wide pod watch).
+CLUSTER_SCOPE_READS = {("", "nodes", ""): ("list", "watch")}
 #: Namespaced scope only: kopf's observer of the watched namespaces.
 NAMESPACED_SCOPE_READS = {("", "namespaces", ""): ("list", "watch")}
 #: In the operator's own namespace: its leader-election Lease.

@@ -34,6 +34,7 @@ OPERATOR_ACCOUNT = "qwen-operator"
 OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_ACCOUNT}"
 START_SECONDS = 60.0
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+READ_VERBS = frozenset({"get", "list"})  # a watch is a long-lived stream, counted apart
 
 
 def service_account_kubeconfig(
@@ -111,20 +112,29 @@ def audit_writes(cluster: Any, users: Iterable[str], since: float = 0.0) -> list
     """Writes (create, update, patch, delete) of `users` that the dev cluster's apiserver audited at or
     after `since` (epoch seconds); each event gains `time`, its epoch seconds. The dev cluster logs the
     metadata of every write (devcluster/audit-policy.yaml); FileNotFoundError elsewhere."""
-    wanted = set(users)
+    return audit_requests(cluster, users, WRITE_VERBS, since)
+
+
+def audit_requests(
+    cluster: Any, users: Iterable[str], verbs: Iterable[str], since: float = 0.0, until: float = float("inf")
+) -> list[dict[str, Any]]:
+    """Requests with one of `verbs` by `users` received in [since, until), one event each (a watch is
+    logged when it starts and when it ends: counted once). Reads are logged for the operator's
+    ServiceAccount only (OPERATOR_USER, devcluster/audit-policy.yaml)."""
+    wanted, verbs = set(users), frozenset(verbs)
     path = Path(cluster.kubeconfig).parent / "audit.log"
-    writes = []
+    found: dict[str, dict[str, Any]] = {}
     for line in path.read_text().splitlines():
         try:
             event = json.loads(line)
         except json.JSONDecodeError:  # the apiserver is writing this line right now
             continue
-        if event["user"].get("username") not in wanted or event["verb"] not in WRITE_VERBS:
+        if event["user"].get("username") not in wanted or event["verb"] not in verbs:
             continue
         event["time"] = audit_time(event["requestReceivedTimestamp"])
-        if event["time"] >= since:
-            writes.append(event)
-    return writes
+        if since <= event["time"] < until:
+            found.setdefault(event["auditID"], event)
+    return sorted(found.values(), key=lambda e: e["time"])
 
 
 def audit_time(stamp: str) -> float:

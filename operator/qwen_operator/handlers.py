@@ -1,4 +1,6 @@
-"""kopf wiring only: watch QwenDeployments and their children, and hand each change to the work queue.
+"""kopf wiring only: watch QwenDeployments, keep the newest version of each in the cache, and hand each
+change to the work queue. Children, pods and nodes are watched by the operator's own informers
+(k8s.Caches), which hand their changes to the queue too (runtime.py).
 
 Only watching handlers are used (no create/update handlers, timers or daemons), so kopf writes no
 annotations and adds no finalizer: deleting a QwenDeployment never hangs on the operator, children
@@ -13,21 +15,16 @@ from typing import Any
 import kopf
 
 from .api.spec import GROUP, PLURAL, VERSION
-from .kinds import MANAGED
-from .names import LABEL_PREFIX, MANAGED_BY
+from .names import LABEL_PREFIX
 from .workqueue import WorkQueue
 
 _queue: WorkQueue | None = None
 
 
 def install(queue: WorkQueue) -> None:
-    """Route every watch event to `queue` and register the child watchers (once, before kopf runs)."""
+    """Route every watch event of a QwenDeployment to `queue` (once, before kopf runs)."""
     global _queue
     _queue = queue
-    for kind in MANAGED:
-        kopf.on.event(kind.group, kind.version, kind.plural, labels=_CHILD_LABELS, id=f"child-{kind.plural}")(
-            _on_child
-        )
 
 
 def _trigger(namespace: str, name: str, generation: int | None = None) -> None:
@@ -36,26 +33,25 @@ def _trigger(namespace: str, name: str, generation: int | None = None) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def on_qwendeployment(body: kopf.Body, type: str | None, **_: Any) -> None:
-    meta = body["metadata"]
+def on_qwendeployment(event: kopf.RawEvent, type: str | None, **_: Any) -> None:
+    assert _queue is not None, "handlers.install() was not called"
+    raw: dict[str, Any] = dict(event["object"])
+    meta = raw["metadata"]
+    _queue.cluster.seen_qwendeployment(raw, deleted=type == "DELETED")
     if type == "DELETED":
-        assert _queue is not None, "handlers.install() was not called"
         _queue.forget((meta["namespace"], meta["name"]))
     else:
         _trigger(meta["namespace"], meta["name"], meta.get("generation"))
 
 
-_CHILD_LABELS = {"app.kubernetes.io/managed-by": MANAGED_BY}
-
 #: kopf's retries of a failing API call (watches, lists): its default sequence, then every 30 s, 10.6 min.
 API_ERROR_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21) + (30,) * 19
 
 
-def _on_child(body: kopf.Body, **_: Any) -> None:
-    """A child changed or vanished: reconcile its owner (reverts hand edits, recreates deletions)."""
-    owner = body["metadata"].get("labels", {}).get(f"{LABEL_PREFIX}/deployment")
-    if owner:
-        _trigger(body["metadata"]["namespace"], owner)
+def on_child(namespace: str, owner: str) -> None:
+    """A child or a pod of `owner` changed or vanished (an informer's event): reconcile the owner
+    (reverts hand edits, recreates deletions, follows pods becoming ready)."""
+    _trigger(namespace, owner)
 
 
 @kopf.on.startup()

@@ -1,7 +1,10 @@
-"""The only code that talks to the Kubernetes API: every path the operator reads or writes is built here.
+"""The only code that talks to the Kubernetes API (with watchcache.py, its informers): every path the
+operator reads or writes is built here.
 
 Children are written with server-side apply under one field manager, and only when they differ from
-what the cluster already has: a resync that changes nothing issues no write at all.
+what the cluster already has: a resync that changes nothing issues no write at all. With `Caches`
+(what `qwen-operator run` uses), reads come from watch-fed memory: in steady state a reconcile sends
+the API server nothing but its writes.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -20,10 +24,12 @@ from kubernetes.client import ApiClient
 from kubernetes.client.rest import ApiException
 
 from .api.pool import NodePool
+from .api.queueing import METRICS_API_SERVICE
 from .api.spec import API_VERSION, KIND, PLURAL
 from .kinds import MANAGED, NODE, POD, SECRET, Kind, kind_of
 from .metrics import API_WRITES
 from .names import FIELD_MANAGER, LABEL_PREFIX, MANAGED_BY
+from .watchcache import Informer, Obj, Store, wait_synced
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +38,7 @@ REQUEST_TIMEOUT = 30
 CRD_API = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 APISERVICE_API = "/apis/apiregistration.k8s.io/v1/apiservices"
 CUSTOM_METRICS_API = "/apis/custom.metrics.k8s.io/v1beta1"
+API_SERVICES = tuple(sorted(set(METRICS_API_SERVICE.values())))
 
 
 def collection(kind: Kind, namespace: str | None = None) -> str:
@@ -63,6 +70,136 @@ def contains(live: Any, want: Any) -> bool:
     return bool(live == want or str(live) == str(want))
 
 
+def _owner(obj: Obj) -> list[tuple[str, str]]:
+    """Index value of a child or pod: (namespace, the QwenDeployment its label names)."""
+    owner = (obj["metadata"].get("labels") or {}).get(f"{LABEL_PREFIX}/deployment")
+    return [(obj["metadata"].get("namespace", ""), owner)] if owner else []
+
+
+def _slim_node(node: Obj) -> Obj:
+    """What free_gpus and NodePool.admits read of a node."""
+    meta, spec = node["metadata"], node.get("spec") or {}
+    return {
+        "metadata": {k: meta[k] for k in ("name", "labels", "resourceVersion") if k in meta},
+        "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
+        "status": {"allocatable": (node.get("status") or {}).get("allocatable", {})},
+    }
+
+
+def _slim_pod(pod: Obj) -> Obj:
+    """What free_gpus reads of a pod on a node: its node and the resource requests of its containers."""
+    meta = pod["metadata"]
+    containers = [
+        {"resources": {"requests": (c.get("resources") or {}).get("requests", {})}}
+        for c in (pod.get("spec") or {}).get("containers", [])
+    ]
+    return {
+        "metadata": {k: meta[k] for k in ("name", "namespace", "resourceVersion") if k in meta},
+        "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName"), "containers": containers},
+    }
+
+
+class Caches:
+    """The informers a running operator reads from: its children and their pods in the watched
+    namespaces (by label), every node and every scheduled, unfinished pod cluster-wide (slimmed: the
+    free-GPU count), CRDs (metadata only), the metrics APIServices by name, and QwenDeployments (fed by
+    kopf's watch of them, see handlers.py). Memory: about the size of the objects themselves, children
+    and own pods in full, about 0.5 KiB per node and 0.3 KiB per pod elsewhere (docs/architecture.md).
+
+    `on_change(namespace, owner)` hears of every change to a child or a pod of a QwenDeployment.
+    """
+
+    def __init__(self, namespaces: list[str], on_change: Callable[[str, str], Any] | None = None) -> None:
+        config = kubernetes.client.Configuration.get_default_copy()
+        config.connection_pool_maxsize = 64  # a connection per watch, and the reconciles' requests
+        self.api = ApiClient(config)
+        self.namespaces: list[str | None] = list(namespaces) or [None]
+        self.on_change = on_change
+        self.qwd = Store()
+        self.children: dict[tuple[str, str | None], Informer] = {}  # (plural, namespace)
+        self.own_pods: dict[str | None, Informer] = {}
+        selector = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+        for ns in self.namespaces:
+            for kind in MANAGED:
+                self.children[(kind.plural, ns)] = self._informer(collection(kind, ns), selector)
+            self.own_pods[ns] = self._informer(collection(POD, ns), selector)
+        self.nodes = Informer(self.api, collection(NODE), Store(transform=_slim_node), name="nodes")
+        self.gpu_pods = Informer(
+            self.api,
+            collection(POD),
+            Store(transform=_slim_pod, indexes={"node": lambda p: [p["spec"]["nodeName"]]}),
+            field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+            name="pods on nodes",
+        )
+        self.crds = Informer(
+            self.api, CRD_API, Store(), metadata_only=True, on_event=self._crd_event, name="CRDs"
+        )
+        self.api_services = {
+            name: Informer(
+                self.api, APISERVICE_API, Store(), field_selector=f"metadata.name={name}", name=name
+            )
+            for name in API_SERVICES
+        }
+
+    def _informer(self, path: str, selector: str) -> Informer:
+        return Informer(
+            self.api,
+            path,
+            Store(indexes={"owner": _owner}),
+            label_selector=selector,
+            on_event=self._child_event,
+        )
+
+    def all(self) -> list[Informer]:
+        return [
+            *self.children.values(),
+            *self.own_pods.values(),
+            self.nodes,
+            self.gpu_pods,
+            self.crds,
+            *self.api_services.values(),
+        ]
+
+    def start(self, timeout: float = 300.0) -> None:
+        """Start every informer and wait for their first LISTs (progress in the log meanwhile)."""
+        started = time.monotonic()
+        for informer in self.all():
+            informer.start()
+        if not wait_synced(self.all(), timeout, log.info):
+            raise TimeoutError(f"the caches were not filled within {timeout:.0f} s")
+        sizes = {
+            "children": sum(len(i.store) for i in self.children.values()),
+            "nodes": len(self.nodes.store),
+            "pods on nodes": len(self.gpu_pods.store),
+        }
+        log.info("caches filled in %.1f s: %s", time.monotonic() - started, sizes)
+
+    def stop(self) -> None:
+        for informer in self.all():
+            informer.stop()
+
+    def _child_event(self, _type: str, obj: Obj) -> None:
+        for ns, owner in _owner(obj):
+            if self.on_change is not None:
+                self.on_change(ns, owner)
+
+    def _crd_event(self, type_: str, crd: Obj) -> None:
+        """An optional kind's CRD installed after the start: begin caching that kind."""
+        if type_ != "ADDED":
+            return
+        for kind in MANAGED:
+            if kind.crd != crd["metadata"]["name"]:
+                continue
+            for ns in self.namespaces:
+                old = self.children[(kind.plural, ns)]
+                if old.absent:
+                    selector = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+                    self.children[(kind.plural, ns)] = self._informer(old.path, selector).start()
+
+    def child_store(self, kind: Kind, namespace: str) -> Informer:
+        return self.children[(kind.plural, namespace if namespace in self.namespaces else None)]
+
+
 def load_config() -> None:
     """In-cluster credentials when running in a pod, else the local kubeconfig."""
     try:
@@ -74,8 +211,10 @@ def load_config() -> None:
 class Cluster:
     """Typed access to the API server for the reconciler."""
 
-    def __init__(self, api: ApiClient | None = None):
-        self.api = api or kubernetes.client.ApiClient()
+    def __init__(self, api: ApiClient | None = None, caches: Caches | None = None):
+        """Without `caches` every read is a request (the CLI's and the tests' direct use)."""
+        self.api = api or (caches.api if caches else kubernetes.client.ApiClient())
+        self.caches = caches
         self._crd_cache: dict[str, tuple[float, bool]] = {}
 
     # --- raw calls -------------------------------------------------------------------------------
@@ -121,16 +260,58 @@ class Cluster:
 
     # --- QwenDeployments -------------------------------------------------------------------------
     def get_qwendeployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The newest version seen by kopf's watch (a GET when the watch has not brought it yet)."""
+        if self.caches is not None and (cached := self.caches.qwd.get(namespace, name)) is not None:
+            return cached
         return self._get(f"{_qwd_collection(namespace)}/{name}")
 
+    def seen_qwendeployment(self, body: dict[str, Any], deleted: bool = False) -> None:
+        """A QwenDeployment as a watch event brought it (kopf's, see handlers.py)."""
+        if self.caches is not None:
+            if deleted:
+                self.caches.qwd.remove((body["metadata"]["namespace"], body["metadata"]["name"]))
+            else:
+                self.caches.qwd.put(body)
+
     def list_qwendeployments(self, namespaces: list[str]) -> list[dict[str, Any]]:
-        """Every QwenDeployment in `namespaces`, or in the whole cluster when the list is empty."""
-        paths = [_qwd_collection(ns) for ns in namespaces] or [_qwd_collection()]
-        return [item for path in paths for item in self._list(path)]
+        """Every QwenDeployment in `namespaces`, or in the whole cluster when the list is empty.
+
+        Always one LIST per namespace (the resync's, the safety net for a watch that stalls without
+        closing): with the cache, what it brings goes into the cache unless the cache has a newer
+        version, objects it lacks that are older than the LIST leave the cache, and the cache's newest
+        versions are returned."""
+        if self.caches is None:
+            paths = [_qwd_collection(ns) for ns in namespaces] or [_qwd_collection()]
+            return [item for path in paths for item in self._list(path)]
+        found: list[dict[str, Any]] = []
+        scopes: list[str | None] = list(namespaces) or [None]
+        for namespace in scopes:
+            page = self._call("GET", _qwd_collection(namespace))
+            found += self._refresh_qwds(page, namespace)
+        return found
+
+    def _refresh_qwds(self, page: dict[str, Any], namespace: str | None) -> list[dict[str, Any]]:
+        """Bring a LIST of QwenDeployments into the cache; returns their newest versions."""
+        assert self.caches is not None
+        listed = int(page.get("metadata", {}).get("resourceVersion") or 0)
+        here = set()
+        for item in page.get("items", []):
+            self.caches.qwd.put(item)
+            here.add((item["metadata"]["namespace"], item["metadata"]["name"]))
+        for cached in self.caches.qwd.items():
+            meta = cached["metadata"]
+            key = (meta["namespace"], meta["name"])
+            older = int(meta.get("resourceVersion") or 0) < listed
+            if key not in here and namespace in (None, meta["namespace"]) and older:
+                self.caches.qwd.remove(key)  # deleted, and the watch missed it
+        return [obj for key in sorted(here) if (obj := self.caches.qwd.get(*key))]
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         path = f"{_qwd_collection(namespace)}/{name}/status"
-        self._call("PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
+        answer = self._call(
+            "PATCH", path, body={"status": status}, content_type="application/merge-patch+json"
+        )
+        self.seen_qwendeployment(answer)
 
     def post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """A core/v1 Event about the QwenDeployment `body` (what `kubectl describe qwd` shows)."""
@@ -160,6 +341,8 @@ class Cluster:
 
     # --- children --------------------------------------------------------------------------------
     def has_crd(self, name: str, ttl: float = 60.0) -> bool:
+        if self.caches is not None and not self.caches.crds.forbidden:
+            return self.caches.crds.store.get("", name) is not None
         cached = self._crd_cache.get(name)
         if cached and time.monotonic() - cached[0] < ttl:
             return cached[1]
@@ -177,6 +360,12 @@ class Cluster:
         found = {}
         for kind in MANAGED:
             if kind.crd and not self.has_crd(kind.crd):
+                continue
+            if self.caches is not None:
+                owner = labels.get(f"{LABEL_PREFIX}/deployment")
+                for item in self.caches.child_store(kind, namespace).store.by("owner", (namespace, owner)):
+                    if _has_labels(item, labels):
+                        found[(kind.api_version, kind.kind, item["metadata"]["name"])] = item
                 continue
             for item in self._list(collection(kind, namespace), label_selector=selector):
                 item |= {"apiVersion": kind.api_version, "kind": kind.kind}  # list items omit them
@@ -199,7 +388,7 @@ class Cluster:
         body = json.loads(json.dumps(obj))
         body["metadata"].setdefault("annotations", {})[HASH_ANNOTATION] = digest
         try:
-            self._server_side_apply(body)
+            answer = self._server_side_apply(body)
         except ApiException as exc:
             if not (exc.status == 422 and obj["kind"] == "Service" and live is not None):
                 raise
@@ -209,7 +398,11 @@ class Cluster:
             log.info("Service %s: ports edited by hand, replacing them", obj["metadata"]["name"])
             ports = {"spec": {"ports": obj["spec"]["ports"]}}
             self._call("PATCH", _object_path(obj), body=ports, content_type="application/merge-patch+json")
-            self._server_side_apply(body)
+            answer = self._server_side_apply(body)
+        if self.caches is not None and answer:
+            self.caches.child_store(
+                kind_of(obj["apiVersion"], obj["kind"]), obj["metadata"]["namespace"]
+            ).store.put(answer)
         meta = obj["metadata"]
         log.info("applied %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
         return True
@@ -229,8 +422,8 @@ class Cluster:
         log.info("created %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
         return True
 
-    def _server_side_apply(self, body: dict[str, Any]) -> None:
-        self._call(
+    def _server_side_apply(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        return self._call(
             "PATCH",
             _object_path(body),
             body=body,
@@ -250,11 +443,20 @@ class Cluster:
         return True
 
     # --- observation -----------------------------------------------------------------------------
-    def get_named(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """One object of a managed kind, by name (e.g. the engine Deployment read back)."""
+    def get_named(
+        self, api_version: str, kind: str, namespace: str, name: str, ours: bool = True
+    ) -> dict[str, Any] | None:
+        """One object of a managed kind, by name (e.g. the engine Deployment read back); `ours`: one of
+        this operator's children (in the cache), else read (KEDA's HPA)."""
+        if self.caches is not None and ours:
+            return self.caches.child_store(kind_of(api_version, kind), namespace).store.get(namespace, name)
         return self._get(f"{collection(kind_of(api_version, kind), namespace)}/{name}")
 
-    def pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+    def pods(self, namespace: str, owner: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+        """The pods of QwenDeployment `owner` that carry `selector`."""
+        if self.caches is not None:
+            informer = self.caches.own_pods[namespace if namespace in self.caches.namespaces else None]
+            return [p for p in informer.store.by("owner", (namespace, owner)) if _has_labels(p, selector)]
         return self._list(
             collection(POD, namespace), label_selector=",".join(f"{k}={v}" for k, v in selector.items())
         )
@@ -276,6 +478,9 @@ class Cluster:
 
         Not readable (False, None) when the operator may not read APIServices.
         """
+        if self.caches is not None and name in self.caches.api_services:
+            informer = self.caches.api_services[name]
+            return (False, None) if informer.forbidden else (True, informer.store.get("", name))
         try:
             return True, self._get(f"{APISERVICE_API}/{name}")
         except ApiException as exc:
@@ -303,24 +508,38 @@ class Cluster:
 
         None when nodes or cluster-wide pods cannot be read (namespaced installs without those rights).
         """
+        if self.caches is not None and (self.caches.nodes.forbidden or self.caches.gpu_pods.forbidden):
+            return None
         try:
             free = 0
-            for node in self._list(collection(NODE)):
+            for node in self._nodes():
                 if node.get("spec", {}).get("unschedulable") or not pool.admits(node):
                     continue
                 alloc = int(node.get("status", {}).get("allocatable", {}).get(pool.resource, 0))
-                pods = self._list(
-                    collection(POD),
-                    field_selector=f"spec.nodeName={node['metadata']['name']},"
-                    "status.phase!=Succeeded,status.phase!=Failed",
-                )
-                used = sum(_requested(p, pool.resource) for p in pods)
-                free += max(alloc - used, 0)
+                free += max(alloc - sum(_requested(p, pool.resource) for p in self._pods_on(node)), 0)
             return free
         except ApiException as exc:
             if exc.status == 403:
                 return None
             raise
+
+    def _nodes(self) -> list[dict[str, Any]]:
+        return self.caches.nodes.store.items() if self.caches else self._list(collection(NODE))
+
+    def _pods_on(self, node: dict[str, Any]) -> list[dict[str, Any]]:
+        """Pods scheduled on `node` that have not finished (they hold their requests)."""
+        name = node["metadata"]["name"]
+        if self.caches is not None:
+            return self.caches.gpu_pods.store.by("node", name)
+        return self._list(
+            collection(POD),
+            field_selector=f"spec.nodeName={name},status.phase!=Succeeded,status.phase!=Failed",
+        )
+
+
+def _has_labels(obj: dict[str, Any], labels: dict[str, str]) -> bool:
+    have = obj["metadata"].get("labels") or {}
+    return all(have.get(k) == v for k, v in labels.items())
 
 
 def _requested(pod: dict[str, Any], resource: str) -> int:

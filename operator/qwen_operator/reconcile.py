@@ -237,10 +237,10 @@ def _observe_refused(cluster: Cluster, obs: Observed, meta: dict[str, Any]) -> N
 
 def _observe_deployments(cluster: Cluster, obs: Observed, ns: str, name: str, gateway: bool) -> None:
     obs.engine = cluster.get_named("apps/v1", "Deployment", ns, names.engine_of(name))
-    obs.pods = _running(cluster.pods(ns, names.selector_of(name, "engine")))
+    obs.pods = _running(cluster.pods(ns, name, names.selector_of(name, "engine")))
     if gateway:
         obs.gateway = cluster.get_named("apps/v1", "Deployment", ns, names.gateway_of(name))
-        obs.gateway_pods = _running(cluster.pods(ns, names.selector_of(name, "gateway")))
+        obs.gateway_pods = _running(cluster.pods(ns, name, names.selector_of(name, "gateway")))
 
 
 def _running(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -264,9 +264,25 @@ def _observe_scaling(cluster: Cluster, obs: Observed, rev: Review) -> None:
     qd = rev.resource
     ns, driver = qd.metadata.namespace, qd.spec.autoscaling.driver  # type: ignore[union-attr]
     hpa_name = names.engine(qd) if driver == "hpa" else scaling.keda_hpa_name(rev)
-    obs.hpa = cluster.get_named("autoscaling/v2", "HorizontalPodAutoscaler", ns, hpa_name)
+    obs.hpa = cluster.get_named(
+        "autoscaling/v2", "HorizontalPodAutoscaler", ns, hpa_name, ours=driver == "hpa"
+    )
     obs.metrics_api_read, obs.metrics_api = cluster.api_service(METRICS_API_SERVICE[driver])
-    if driver == "hpa" and (obs.metrics_api is not None or not obs.metrics_api_read):
+    if (
+        driver == "hpa"
+        and (obs.metrics_api is not None or not obs.metrics_api_read)
+        and not _reads_metric(obs.hpa)
+    ):
         obs.queue_metric_answered, obs.queue_metric = cluster.pods_custom_metric(
             ns, scaling.HPA_METRIC, names.selector(qd, "engine")
         )
+
+
+def _reads_metric(hpa: dict[str, Any] | None) -> bool:
+    """The HPA says it reads its metric (ScalingActive, a current value): no need to ask the metrics API
+    (which would be a request per reconcile in steady state)."""
+    status = (hpa or {}).get("status", {})
+    active = any(
+        c.get("type") == "ScalingActive" and c.get("status") == "True" for c in status.get("conditions", [])
+    )
+    return active and bool(status.get("currentMetrics"))

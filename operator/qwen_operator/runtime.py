@@ -10,6 +10,7 @@ import os
 import socket
 import threading
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn, cast
 
 import kopf
@@ -17,7 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import handlers
-from .k8s import Cluster, load_config
+from .k8s import Caches, Cluster, load_config
 from .leader import LEADER, LOST_EXIT_CODE, Election, Elector, lease_api
 from .workqueue import WorkQueue
 
@@ -75,7 +76,8 @@ def run(
     only while this replica holds the leader Lease (a follower serves /healthz and /metrics and waits)."""
     configure_logging(log_level)
     load_config()
-    queue = WorkQueue(Cluster())
+    caches = Caches(namespaces)
+    queue = WorkQueue(Cluster(caches=caches))
     handlers.install(queue)
     started = threading.Event()
 
@@ -96,8 +98,14 @@ def run(
 
 
 async def operate(queue: WorkQueue, namespaces: list[str]) -> None:
-    """The kopf watches and the periodic resync, until kopf stops (SIGINT, SIGTERM); returns once no
-    kopf handler runs any more (the resync's reconciles run in the loop's default executor)."""
+    """Fill the caches, then run the kopf watches and the periodic resync until kopf stops (SIGINT,
+    SIGTERM); returns once no handler runs any more (the resync's reconciles run in the loop's default
+    executor, the informers' events in a pool of their own)."""
+    caches = queue.cluster.caches
+    assert caches is not None
+    events = ThreadPoolExecutor(max_workers=4, thread_name_prefix="child-event")
+    caches.on_change = lambda namespace, owner: events.submit(handlers.on_child, namespace, owner)
+    await asyncio.to_thread(caches.start)
     settings = kopf.OperatorSettings()  # handlers.configure() fills it in at kopf's start-up
     resync = asyncio.create_task(queue.resync_forever(namespaces, RESYNC_SECONDS))
     try:
@@ -113,9 +121,11 @@ async def operate(queue: WorkQueue, namespaces: list[str]) -> None:
         )
     finally:
         resync.cancel()
+        caches.stop()
         # kopf leaves its handler threads running: queued work is dropped, running reconciles finish;
         # retries and scheduled looks are cancelled.
-        await asyncio.to_thread(settings.execution.executor.shutdown, wait=True, cancel_futures=True)
+        for executor in (settings.execution.executor, events):
+            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
         await asyncio.to_thread(queue.stop)
 
 

@@ -40,7 +40,7 @@ import yaml
 from kubernetes import client
 
 from qwen_devtools.devcluster import cluster as devcluster
-from qwen_devtools.devcluster.nodes import POOLS, node_body
+from qwen_devtools.devcluster.nodes import POOLS, node_body, wait_ready
 from qwen_devtools.operator_proc import (
     OPERATOR_USER,
     READ_VERBS,
@@ -127,6 +127,9 @@ def add_nodes(api: client.ApiClient, first: int, last: int) -> None:
     core = client.CoreV1Api(api)
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda i: core.create_node(node_body(POOL, i)), range(first, last)))  # type: ignore[arg-type]
+    # Ready, without kwok's not-ready taint: until then each node kwok initializes changes the pool's
+    # free GPUs, and so the status, which is not the steady state to measure.
+    wait_ready(core, [f"{POOL.name}-{i}" for i in range(first, last)], timeout=600)
 
 
 def statuses_written(cluster: devcluster.Cluster, namespace: str, count: int) -> bool:
@@ -239,7 +242,15 @@ class Run:
         self.settle()
         before, since = self.operator.metric("qwen_operator_reconciles_total"), time.time()
         time.sleep(seconds)
+        # A reconcile that reads per node may take longer than the window: wait for one to finish.
+        wait_until(
+            lambda: self.operator.metric("qwen_operator_reconciles_total") > before,
+            900,
+            "a reconcile",
+            interval=1,
+        )
         until = time.time()
+        seconds = until - since
         time.sleep(2)  # audit lines are written when requests complete
         reconciles = self.operator.metric("qwen_operator_reconciles_total") - before
         reads = self.audit.count(READ_VERBS, since, until)
@@ -295,24 +306,11 @@ def measure_nodes(run: Run, api: client.ApiClient, sweep: list[int], window: flo
         run.steady("steady state", 1, present, window)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke: 10 and 100 nodes, bursts of 20")
-    parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--baseline", help="also measure the operator of this commit (parts 1 and 50 CRs)")
-    args = parser.parse_args()
-    sweep = [10, 100] if args.quick else [10, 100, 1000]
-    burst, window = (20, RESYNC_SECONDS * 1.5) if args.quick else (200, RESYNC_SECONDS * 2.5)
-    started = time.monotonic()
-    work = Path(tempfile.mkdtemp(prefix="operator-bench-"))
+@contextlib.contextmanager
+def bench_cluster() -> Iterator[tuple[devcluster.Cluster, client.ApiClient, Audit]]:
+    """A fresh dev cluster with room for 1,000 gateway pods (10 CPU nodes) and install.yaml applied."""
     devcluster.down(CLUSTER)
     cluster = devcluster.up(CLUSTER)
-    rows: list[dict[str, Any]] = []
-    base_rows: list[dict[str, Any]] = []
-    notes = [
-        "kwok nodes and pods are SIMULATED (no containers run); the control plane and the operator are real",
-        f"request counts from the apiserver's audit log; resync every {RESYNC_SECONDS:.0f} s",
-    ]
     try:
         api = cluster.api_client()
         cpu = next(p for p in POOLS if p.name == "cpu")  # the gateways' pool: 110 pods per node
@@ -320,21 +318,30 @@ def main() -> None:
         for i in range(1, 10):
             core.create_node(node_body(cpu, i))  # type: ignore[arg-type]
         install(cluster)
-        audit = Audit(cluster)
-        if args.baseline:
-            with worktree(args.baseline) as tree:
-                log(f"\nBaseline: the operator of {args.baseline}")
-                base = Run(cluster, audit, "baseline", tree, work)
-                base.operator.start()
-                try:
-                    measure_nodes(base, api, sweep, window)
-                finally:
-                    base.operator.stop()
-                rows += base.rows
-                base_rows = base.rows
-                cluster.kubectl("delete", "namespace", "one-baseline", timeout=300)
-                extra = [f"{POOL.name}-{i}" for i in range(100 + POOL.count, 100 + sweep[-1])]
-                cluster.kubectl("delete", "node", *extra, "--wait=false", timeout=300)
+        yield cluster, api, Audit(cluster)
+    finally:
+        devcluster.down(CLUSTER)
+
+
+def measure_baseline(commit: str, sweep: list[int], window: float, work: Path) -> list[dict[str, Any]]:
+    """Part 1 with the operator of `commit`, on a cluster of its own."""
+    with worktree(commit) as tree, bench_cluster() as (cluster, api, audit):
+        log(f"\nBaseline: the operator of {commit}")
+        base = Run(cluster, audit, "baseline", tree, work)
+        base.operator.start()
+        try:
+            measure_nodes(base, api, sweep, window)
+        finally:
+            base.operator.stop()
+        return base.rows
+
+
+def measure_current(
+    sweep: list[int], window: float, burst: int, quick: bool, work: Path
+) -> list[dict[str, Any]]:
+    """Parts 1 to 3 with the working tree's operator."""
+    rows: list[dict[str, Any]] = []
+    with bench_cluster() as (cluster, api, audit):
         log("\nThe working tree's operator")
         run = Run(cluster, audit, "current", REPO, work)
         run.operator.start()
@@ -347,53 +354,16 @@ def main() -> None:
             wait_until(lambda: statuses_written(cluster, ns50, 49), 600, "50 statuses", interval=2)
             run.steady("steady state", 50, nodes, window)
             rss50 = rss_mib(run.operator)
-
-            log(f"\n  {burst} QwenDeployments in one kubectl apply")
-            ns = "burst"
-            ensure_namespace(cluster, ns)
-            bodies = [cr(ns, f"qwd-{i:03d}") for i in range(burst)]
-            expected = rendered(ns, burst)
-            since, t0 = time.time(), time.monotonic()
-            apply_all(cluster, bodies)
-            wait_until(
-                lambda: statuses_written(cluster, ns, burst) and children_exist(cluster, ns, expected),
-                900,
-                "the burst to converge",
-                interval=1,
-            )
-            took = time.monotonic() - t0
-            time.sleep(2)
-            writes = audit.count(WRITE_VERBS, since, time.time())
-            reads = audit.count(READ_VERBS, since, time.time())
-            log(f"  converged in {took:.1f} s: {sum(writes.values())} writes, {sum(reads.values())} reads")
-            ensure_namespace(cluster, "peer")
-            objects = rendered("peer", burst)
-            peer = peer_apply(api, objects)
-            log(f"  peer: {len(objects)} server-side applies, {CONCURRENCY} at a time, in {peer:.1f} s")
-            rows.append(
-                {
-                    "version": "current",
-                    "what": f"apply {burst} CRs at once",
-                    "crs": burst,
-                    "gpu_nodes": nodes,
-                    "seconds": round(took, 1),
-                    "peer_seconds": round(peer, 1),
-                    "ratio": round(took / peer, 2),
-                    "writes": sum(writes.values()),
-                    "peer_writes": len(objects),
-                    "reads": sum(reads.values()),
-                    "top_writes": dict(writes.most_common(6)),
-                }
-            )
+            rows.append(burst_row(cluster, api, audit, burst, nodes))
             run.steady("steady state", 50 + burst, nodes, window)
             more = 500 - 50 - burst
-            if not args.quick and more > 0:
+            if not quick and more > 0:
                 ns500 = "five-hundred"
                 ensure_namespace(cluster, ns500)
                 apply_all(cluster, [cr(ns500, f"qwd-{i:03d}") for i in range(more)])
                 wait_until(lambda: statuses_written(cluster, ns500, more), 900, "500 statuses", interval=3)
                 run.settle()
-            total = 500 if not args.quick else 50 + burst
+            total = 500 if not quick else 50 + burst
             rss = rss_mib(run.operator)
             rows.append({"version": "current", "what": "operator RSS", "crs": 50, "rss_mib": round(rss50, 1)})
             rows.append(
@@ -402,9 +372,67 @@ def main() -> None:
             log(f"  operator RSS: {rss50:.0f} MiB at 50 CRs, {rss:.0f} MiB at {total}")
         finally:
             run.operator.stop()
-        rows[len(base_rows) : len(base_rows)] = run.rows  # steady states first, then the burst and RSS
-    finally:
-        devcluster.down(CLUSTER)
+    return run.rows + rows
+
+
+def burst_row(
+    cluster: devcluster.Cluster, api: client.ApiClient, audit: Audit, burst: int, nodes: int
+) -> dict[str, Any]:
+    """Part 2: `burst` QwenDeployments in one kubectl apply, then the peer writing the same children."""
+    log(f"\n  {burst} QwenDeployments in one kubectl apply")
+    ns = "burst"
+    ensure_namespace(cluster, ns)
+    bodies = [cr(ns, f"qwd-{i:03d}") for i in range(burst)]
+    expected = rendered(ns, burst)
+    since, t0 = time.time(), time.monotonic()
+    apply_all(cluster, bodies)
+    wait_until(
+        lambda: statuses_written(cluster, ns, burst) and children_exist(cluster, ns, expected),
+        900,
+        "the burst to converge",
+        interval=1,
+    )
+    took = time.monotonic() - t0
+    time.sleep(2)
+    writes = audit.count(WRITE_VERBS, since, time.time())
+    reads = audit.count(READ_VERBS, since, time.time())
+    log(f"  converged in {took:.1f} s: {sum(writes.values())} writes, {sum(reads.values())} reads")
+    ensure_namespace(cluster, "peer")
+    objects = rendered("peer", burst)
+    peer = peer_apply(api, objects)
+    log(f"  peer: {len(objects)} server-side applies, {CONCURRENCY} at a time, in {peer:.1f} s")
+    return {
+        "version": "current",
+        "what": f"apply {burst} CRs at once",
+        "crs": burst,
+        "gpu_nodes": nodes,
+        "seconds": round(took, 1),
+        "peer_seconds": round(peer, 1),
+        "ratio": round(took / peer, 2),
+        "writes": sum(writes.values()),
+        "peer_writes": len(objects),
+        "reads": sum(reads.values()),
+        "top_writes": dict(writes.most_common(6)),
+        "top_reads": dict(reads.most_common(4)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke: 10 and 100 nodes, bursts of 20")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--baseline", help="also measure the operator of this commit (part 1)")
+    args = parser.parse_args()
+    sweep = [10, 100] if args.quick else [10, 100, 1000]
+    burst, window = (20, RESYNC_SECONDS * 1.5) if args.quick else (200, RESYNC_SECONDS * 2.5)
+    started = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="operator-bench-"))
+    notes = [
+        "kwok nodes and pods are SIMULATED (no containers run); the control plane and the operator are real",
+        f"request counts from the apiserver's audit log; resync every {RESYNC_SECONDS:.0f} s",
+    ]
+    rows = measure_baseline(args.baseline, sweep, window, work) if args.baseline else []
+    rows += measure_current(sweep, window, burst, args.quick, work)
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps(suite_json(rows, notes, time.monotonic() - started), indent=1))

@@ -15,16 +15,16 @@ class Rollout:
 
     @staticmethod
     def choose(free_gpus: int | None, gpus_per_replica: int) -> Rollout:
+        """The reason names the threshold, not the count: the count changes with every pod and node of
+        the pool, and a status that followed it would be rewritten for every QwenDeployment each time."""
         if free_gpus is None:
             return Rollout("InPlace", "free GPUs in the pool unknown: replacing pods one at a time")
         if free_gpus >= gpus_per_replica:
-            return Rollout(
-                "Surge", f"{free_gpus} free GPUs in the pool fit a surge replica ({gpus_per_replica} GPUs)"
-            )
+            return Rollout("Surge", f"the pool has the {gpus_per_replica} free GPUs of a surge replica")
         return Rollout(
             "InPlace",
-            f"{free_gpus} free GPUs in the pool, a surge replica needs "
-            f"{gpus_per_replica}: replacing pods one at a time",
+            f"fewer free GPUs in the pool than the {gpus_per_replica} of a surge replica: "
+            "replacing pods one at a time",
         )
 
     def strategy(self) -> dict[str, Any]:

@@ -1,19 +1,19 @@
-"""Gateway benchmark: what the gateway costs, and what cache-aware routing buys. Prints ratios.
+"""Gateway overhead: what the project's gateway adds to streamed requests, against direct engine access,
+vllm-router alone and the LiteLLM proxy, at 1, 16 and 64 concurrent streams. Prints ratios to direct.
 
-Two real vLLM CPU engines serve a small random Qwen3 model; the gateway runs exactly as the operator
-renders it (nginx.conf, run-nginx.sh, vllm-router's command line). Everything is measured in one run on
-the same engines, with the compared variants interleaved, so machine noise hits both sides alike:
-
-1. Latency added by the gateway: small completions one at a time (p50, p99) and the time to first
-   token of streamed ones (p50, p99), calling engine A directly against the gateway routing to A alone
-   (requests alternate between the variants, so both see the engine equally warm); then throughput at
-   16 concurrent requests over both engines, direct (client-side round robin) against the gateway.
-   The gateway runs with cache_aware (the default) and with round_robin: cache_aware costs one extra
-   call to an engine per request (see docs/gateway.md).
-2. Routing policy near saturation: requests that share long prompt prefixes (24 "system prompts"),
-   arriving as a Poisson stream at 90% of the measured capacity; TTFT p50/p99 of cache_aware against
-   round_robin. The engines' KV cache holds about half the prefixes plus a full batch, so prefixes stay
-   cached only if each engine sees about half of them.
+Two real vLLM CPU engines serve a small random Qwen3 model with the engine flags the operator renders
+(plus --enforce-eager, which only skips the torch.compile warm-up).
+Streamed chat completions with short prompts (8 tokens generated), closed loop, to four variants:
+  direct       the engines themselves, client-side round robin (a plain Service, minus kube-proxy)
+  gateway      nginx + vllm-router exactly as the operator renders them (start_gateway), with an API key
+               and the default routing policy
+  vllm-router  the same router process and arguments, called on its own port (no nginx: no auth, no
+               rate limit, no access log)
+  litellm      the LiteLLM proxy (PyPI litellm, its own venv) with both engines as one load-balanced
+               model list and a master key, so that it checks a key on every request as the gateway does
+Within a round each concurrency level runs every variant in turn, the order rotating from round to round;
+rounds repeat until the ratios settle or the time budget is spent. TTFT is the time to the first chunk
+with generated text. Everything shares the machine's 2 cores, as a gateway shares a node.
 
 Not a pass/fail test. Usage: .venv/bin/python bench/gateway_bench.py [--quick] [--json FILE]
 """
@@ -22,57 +22,52 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
-import json
-import random
+import statistics
+import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from qwen_devtools.model import build_tiny_model
-from qwen_devtools.net import http_get
 from qwen_devtools.procs import Proc, wait_ready
+from qwen_devtools.realparts import litellm
+from qwen_devtools.realparts.benchmodel import bench_model
+from qwen_devtools.realparts.compare import THROUGHPUT, Comparison, repeat_rounds, ttft_ms, write_report
 from qwen_devtools.realparts.engine import ENGINE_START_SECONDS, SERVED_MODEL, spawn_engine, test_engine_args
 from qwen_devtools.realparts.gateway import start_gateway
+from qwen_devtools.realparts.load import Body, Target, closed_loop, token_ids
 from qwen_operator.api.review import Review, review
+from qwen_operator.versions import VLLM, VLLM_ROUTER
 
-MODEL = SERVED_MODEL
+SCENARIO = "gateway overhead"
 API_KEY = "sk-bench-0123456789abcdef"
-#: Engine KV cache in blocks of 128 tokens (the CPU backend's size): about half the prefixes (12 x 3
-#: full blocks) plus a full batch (8 x 4 blocks); all 24 prefixes and a batch would need 104.
-KV_BLOCKS = 72
-PREFIX_GROUPS = 24
-PREFIX_TOKENS = 480
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Qwen3 serves chat completions on vLLM.",
-    "Kubernetes operators reconcile desired state.",
-    "Hello, world! 0123456789 {}[]():;,.",
-]
+LITELLM_KEY = "sk-litellm-bench-0123456789abcdef"
+STREAMS = (1, 16, 64)
+GENERATED_TOKENS = 8
+#: Engine batch per replica: 64 streams fit in two engines, so TTFT shows routing, not engine queueing.
+MAX_NUM_SEQS = 32
+WORDS = "The quick brown fox jumps over the lazy dog."  # what the model may say (allowed_token_ids)
 
 
-def _cr(policy: str, max_num_seqs: int = 8) -> dict[str, Any]:
-    """The benchmark's QwenDeployment. max_num_seqs also sets the router's balance threshold (a quarter of
-    it): 256 renders vllm-router's own default of 64, for comparison; the engines always run 8."""
+def _cr() -> dict[str, Any]:
+    """The benchmark's QwenDeployment: engine and gateway as the operator renders them (default policy);
+    admission limits far above the load so that the gateway never queues or refuses."""
     return {
         "apiVersion": "inference.qwenops.dev/v1alpha1",
         "kind": "QwenDeployment",
         "metadata": {"name": "bench", "namespace": "bench"},
         "spec": {
-            "model": {"name": MODEL},
+            "model": {"name": SERVED_MODEL},
             "gpu": {"type": "A100-80GB"},
             "parallelism": {"tensor": 2},
-            "engine": {"maxModelLen": 1024, "maxNumSeqs": max_num_seqs, "maxNumBatchedTokens": 2048},
+            "engine": {"maxModelLen": 1024, "maxNumSeqs": MAX_NUM_SEQS, "maxNumBatchedTokens": 2048},
             "replicas": 2,
             "gateway": {
                 "apiKeysSecret": "bench-keys",
                 "replicas": 1,
-                "policy": policy,
                 "rateLimit": {"requestsPerMinute": 1_000_000, "burst": 100_000},
                 "maxConcurrentRequests": 512,
                 "queueSize": 256,
@@ -81,374 +76,156 @@ def _cr(policy: str, max_num_seqs: int = 8) -> dict[str, Any]:
     }
 
 
-# --- measurements ----------------------------------------------------------------------------------
-
-
-@dataclass
-class Sample:
-    ok: bool
-    latency: float
-    ttft: float | None = None
-
-
-@dataclass
-class Run:
-    label: str
-    samples: list[Sample] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def ok(self) -> list[Sample]:
-        return [s for s in self.samples if s.ok]
-
-    def pct(self, q: float, ttft: bool = False) -> float:
-        picked = [s.ttft if ttft else s.latency for s in self.ok()]
-        values = sorted(v for v in picked if v is not None)
-        if not values:
-            return float("nan")
-        return values[min(len(values) - 1, int(q / 100 * len(values)))]
-
-    @property
-    def throughput(self) -> float:
-        return len(self.ok()) / self.seconds if self.seconds else 0.0
-
-    @property
-    def errors(self) -> int:
-        return sum(not s.ok for s in self.samples)
-
-
-async def _request(
-    session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str]
-) -> Sample:
-    start = time.perf_counter()
-    ttft = None
-    try:
-        async with session.post(url, json=body, headers=headers) as response:
-            if response.status != 200:
-                await response.read()
-                return Sample(False, time.perf_counter() - start)
-            if body.get("stream"):
-                async for line in response.content:
-                    if ttft is None and line.startswith(b"data: {"):
-                        ttft = time.perf_counter() - start
-            else:
-                await response.read()
-    except aiohttp.ClientError:
-        return Sample(False, time.perf_counter() - start)
-    return Sample(True, time.perf_counter() - start, ttft)
-
-
-Target = Callable[[], tuple[str, dict[str, str]]]  # -> (base URL, headers) for the next request
-
-
-def _direct(engines: Sequence[str]) -> Target:
-    cycle = itertools.cycle(engines)
-    return lambda: (next(cycle), {})
-
-
-def _gateway(url: str) -> Target:
-    return lambda: (url, {"Authorization": f"Bearer {API_KEY}"})
-
-
-async def _sequential(label: str, target: Target, body: dict[str, Any], count: int) -> Run:
-    run = Run(label)
-    async with aiohttp.ClientSession() as session:
-        start = time.perf_counter()
-        for _ in range(count):
-            base, headers = target()
-            run.samples.append(await _request(session, f"{base}/v1/completions", body, headers))
-        run.seconds = time.perf_counter() - start
-    return run
-
-
-async def _closed_loop(label: str, target: Target, make_body: Callable[[], dict[str, Any]], users: int,
-                       seconds: float) -> Run:  # fmt: skip
-    run = Run(label)
-    deadline = time.perf_counter() + seconds
-
-    async def user(session: aiohttp.ClientSession) -> None:
-        while time.perf_counter() < deadline:
-            base, headers = target()
-            run.samples.append(await _request(session, f"{base}/v1/completions", make_body(), headers))
-
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        start = time.perf_counter()
-        await asyncio.gather(*(user(session) for _ in range(users)))
-        run.seconds = time.perf_counter() - start
-    return run
-
-
-async def _open_loop(label: str, target: Target, make_body: Callable[[], dict[str, Any]], rate: float,
-                     seconds: float) -> Run:  # fmt: skip
-    """Poisson arrivals at `rate` per second for `seconds`, whatever the latency (no coordinated omission)."""
-    run = Run(label)
-    arrivals = random.Random(11)  # the same arrival times in every run
-    tasks: list[Awaitable[Sample]] = []
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        start = time.perf_counter()
-        next_at = start
-        while next_at < start + seconds:
-            await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
-            base, headers = target()
-            tasks.append(
-                asyncio.ensure_future(_request(session, f"{base}/v1/completions", make_body(), headers))
-            )
-            next_at += arrivals.expovariate(rate)
-        run.samples = list(await asyncio.gather(*tasks))
-        run.seconds = time.perf_counter() - start
-    return run
-
-
-# --- the shared-prefix workload ------------------------------------------------------------------------
-
-
-class PrefixWorkload:
-    """Requests on PREFIX_GROUPS long prompts; each run gets new prefixes so no cache carries over."""
-
-    def __init__(self, chars_per_token: float, rng: random.Random) -> None:
-        self.rng = rng
-        self.chars = int(PREFIX_TOKENS * chars_per_token)
-        self.serial = 0
-        self.prefixes: list[str] = []
-
-    def fresh(self, tag: str) -> None:
-        self.prefixes = []
-        for group in range(PREFIX_GROUPS):
-            words = f"[{tag} system prompt {group}]"
-            while len(words) < self.chars:
-                words += " " + self.rng.choice(SENTENCES)
-            self.prefixes.append(words[: self.chars])
-
-    def body(self) -> dict[str, Any]:
-        self.serial += 1
-        prefix = self.rng.choice(self.prefixes)
-        prompt = f"{prefix}\nQuestion {self.serial}: what next?"
-        return {"model": MODEL, "prompt": prompt, "max_tokens": 16, "ignore_eos": True, "stream": True}
-
-
-async def _chars_per_token(engine: str) -> float:
-    text = " ".join(SENTENCES * 20)
-    async with aiohttp.ClientSession() as session:
-        body = {"model": MODEL, "prompt": text, "max_tokens": 1}
-        async with session.post(f"{engine}/v1/completions", json=body) as response:
-            usage = (await response.json())["usage"]
-    return len(text) / usage["prompt_tokens"]
-
-
-def _prefix_hits(engines: Sequence[str]) -> tuple[float, float]:
-    hits = sum(_metric(e, "vllm:prefix_cache_hits_total") for e in engines)
-    queries = sum(_metric(e, "vllm:prefix_cache_queries_total") for e in engines)
-    return hits, queries
-
-
-def _metric(engine: str, name: str) -> float:
-    text = http_get(f"{engine}/metrics", timeout=5)[1]
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
-
-
-# --- orchestration ---------------------------------------------------------------------------------
-
-
-def _start_engines(model: Path, rev: Review, count: int, log_dir: Path) -> list[Proc]:
-    extra = [*test_engine_args(rev.command), "--num-gpu-blocks-override", str(KV_BLOCKS)]
-    # One core per engine, as each replica would have its own GPU.
-    engines = []
-    for i in range(count):
-        env = {"VLLM_CPU_OMP_THREADS_BIND": str(i % 2)}
-        engines.append(spawn_engine(model, extra_args=extra, env=env, log_dir=log_dir))
-    try:
-        for engine in engines:
-            wait_ready(engine, "/health", ENGINE_START_SECONDS)
-    except BaseException:
-        for engine in engines:
-            engine.stop()
-        raise
-    return engines
-
-
-async def _alternating(targets: dict[str, Target], body: dict[str, Any], count: int) -> dict[str, Run]:
-    """`count` requests per target, one at a time, taking the targets in turn."""
-    runs = {name: Run(name) for name in targets}
-    async with aiohttp.ClientSession() as session:
-        for i in range(count):
-            names = list(targets)
-            for name in names[i % len(names) :] + names[: i % len(names)]:
-                base, headers = targets[name]()
-                runs[name].samples.append(await _request(session, f"{base}/v1/completions", body, headers))
-    return runs
-
-
-async def _overhead(single: dict[str, Target], both: dict[str, Target], args: argparse.Namespace) -> Table:
-    small = {"model": MODEL, "prompt": "Hello there", "max_tokens": 4, "ignore_eos": True}
-    stream = {**small, "max_tokens": 16, "stream": True}
-    latency = await _alternating(single, small, args.count)
-    ttft = await _alternating(single, stream, args.count)
-    throughput: dict[str, Run] = {name: Run(name) for name in both}
-    for round_no in range(args.rounds):
-        names = list(both) if round_no % 2 == 0 else list(reversed(both))
-        for name in names:
-            run = await _closed_loop(name, both[name], lambda: small, users=16, seconds=args.c16_seconds)
-            throughput[name].samples += run.samples
-            throughput[name].seconds += run.seconds
-    table = Table(list(single))
-    table.row("completion p50", [latency[n].pct(50) for n in single])
-    table.row("completion p99", [latency[n].pct(99) for n in single])
-    table.row("stream TTFT p50", [ttft[n].pct(50, ttft=True) for n in single])
-    table.row("stream TTFT p99", [ttft[n].pct(99, ttft=True) for n in single])
-    table.row("throughput, 16 at once", [throughput[n].throughput for n in both], unit="r/s")
-    errors = sum(r.errors for group in (latency, ttft, throughput) for r in group.values())
-    table.note = f"errors: {errors}"
-    return table
-
-
-class Table:
-    """Rows of values per variant, printed with ratios against the first variant."""
-
-    def __init__(self, columns: list[str]) -> None:
-        self.columns = columns
-        self.rows: list[tuple[str, list[float], str]] = []
-        self.note = ""
-
-    def row(self, label: str, values: list[float], unit: str = "ms") -> None:
-        self.rows.append((label, values, unit))
-
-    def print(self) -> None:
-        width = 26
-        print("   " + " " * 24 + "".join(f"{c:>{width}}" for c in self.columns))
-        for label, values, unit in self.rows:
-            cells = []
-            for i, value in enumerate(values):
-                if unit == "ms":
-                    shown = f"{value * 1000:.1f} ms"
-                elif unit == "%":
-                    shown = f"{value * 100:.0f} %"
-                else:
-                    shown = f"{value:.1f} {unit}"
-                if i:
-                    shown += f" ({value / values[0]:.2f}x)" if values[0] else ""
-                cells.append(shown)
-            print(f"   {label:24}" + "".join(f"{c:>{width}}" for c in cells))
-        if self.note:
-            print(f"   {self.note}")
-
-    def ratios(self) -> dict[str, dict[str, float]]:
-        return {
-            label: {c: v / values[0] for c, v in zip(self.columns[1:], values[1:], strict=True) if values[0]}
-            for label, values, _ in self.rows
-        }
-
-
-async def _policies(engines: Sequence[str], args: argparse.Namespace, workload: PrefixWorkload) -> Table:
-    keys = {"bench": API_KEY}
-    with start_gateway(review(_cr("round_robin")), engines, keys) as stack:  # the baseline
-        workload.fresh("capacity")
-        cap = await _closed_loop("capacity", _gateway(stack.url), workload.body, 16, args.capacity_seconds)
-    rate = 0.9 * cap.throughput
-    print(f"\n2. Routing policy near saturation: {PREFIX_GROUPS} shared prefixes of ~{PREFIX_TOKENS} tokens,")
-    print(f"   16-token streamed answers; capacity with round_robin {cap.throughput:.1f} req/s; Poisson")
-    print(f"   arrivals at {rate:.1f} req/s (90%), {args.policy_seconds:.0f} s per run, {args.rounds} rounds")
-    variants = {
-        "round_robin": _cr("round_robin"),
-        "cache_aware": _cr("cache_aware"),  # as rendered: balance threshold maxNumSeqs / 4 = 2
-        "cache_aware balance 64": _cr("cache_aware", max_num_seqs=256),  # vllm-router's default
+def _chat_body(allowed_tokens: list[int]) -> Body:
+    """Short streamed chat completions, each prompt distinct. ignore_eos makes every answer equally long;
+    allowed_token_ids (plain words) makes every token a chunk with text, so that TTFT is the first token's
+    time whatever the random model picks (a lone byte of a UTF-8 character would give no text yet)."""
+    serial = itertools.count()
+    return lambda: {
+        "model": SERVED_MODEL,
+        "messages": [{"role": "user", "content": f"Hello there, request {next(serial)}"}],
+        "max_tokens": GENERATED_TOKENS,
+        "ignore_eos": True,
+        "allowed_token_ids": allowed_tokens,
+        "stream": True,
     }
-    names = list(variants)
-    runs = {n: Run(n) for n in names}
-    hits = {n: [0.0, 0.0] for n in names}
-    routing: dict[str, dict[str, float]] = {n: {} for n in names}
-    for round_no in range(args.rounds):
-        for name in names[round_no % len(names) :] + names[: round_no % len(names)]:
-            with start_gateway(review(variants[name]), engines, keys) as stack:
-                workload.fresh(f"{name}-{round_no}")  # new prefixes: nothing cached yet
-                before = _prefix_hits(engines)
-                run = await _open_loop(name, _gateway(stack.url), workload.body, rate, args.policy_seconds)
-                after = _prefix_hits(engines)
-                for metric, value in _router_routing(stack.router_metrics_url).items():
-                    routing[name][metric] = routing[name].get(metric, 0.0) + value
-            runs[name].samples += run.samples
-            runs[name].seconds += run.seconds
-            hits[name] = [hits[name][0] + after[0] - before[0], hits[name][1] + after[1] - before[1]]
-    table = Table(names)
-    for label, q in (("TTFT p50", 50), ("TTFT p90", 90), ("TTFT p99", 99)):
-        table.row(label, [runs[n].pct(q, ttft=True) for n in names])
-    table.row("latency p99", [runs[n].pct(99) for n in names])
-    table.row("throughput", [runs[n].throughput for n in names], unit="r/s")
-    table.row("prefix cache hit rate", [h / q if q else 0.0 for h, q in hits.values()], unit="%")
-    table.note = f"errors: {[runs[n].errors for n in names]}; router: {routing}"
-    return table
 
 
-def _router_routing(url: str) -> dict[str, float]:
-    """Cache-aware routing outcomes from vllm-router's metrics (empty for other policies)."""
-    text = http_get(url, timeout=5)[1]
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        for name in ("vllm_router_cache_hits_total", "vllm_router_cache_misses_total",
-                     "vllm_router_load_balancing_events_total"):  # fmt: skip
-            if line.startswith(name):
-                key = name.removeprefix("vllm_router_").removesuffix("_total")
-                out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
+def _round_robin(base_urls: Sequence[str], headers: dict[str, str] | None = None) -> Target:
+    cycle = itertools.cycle(f"{url}/v1/chat/completions" for url in base_urls)
+    return lambda: (next(cycle), headers or {})
+
+
+def _spawn_engines(model: Path, rev: Review, count: int, log_dir: Path) -> list[Proc]:
+    # No torch.compile warm-up (an engine starts in about a minute instead of two or three on 2 cores).
+    extra = [*test_engine_args(rev.command), "--enforce-eager"]
+    # One thread each, unbound: the two share the cores with the gateway and the client as the OS sees fit.
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    return [spawn_engine(model, extra_args=extra, env=env, log_dir=log_dir) for _ in range(count)]
+
+
+@contextlib.contextmanager
+def _stopping(procs: list[Proc]) -> Iterator[list[Proc]]:
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def _spawn_litellm(urls: Sequence[str], log_dir: Path, notes: list[str]) -> Proc | None:
+    """LiteLLM started (installed first if needed), or None with the reason in the notes."""
+    try:
+        return litellm.spawn_litellm(urls, LITELLM_KEY, log_dir)
+    except (subprocess.CalledProcessError, OSError) as error:
+        notes.append(f"LiteLLM {litellm.LITELLM_VERSION} could not be installed ({error}): variant left out")
+        return None
+
+
+def _wait_litellm(proc: Proc | None, notes: list[str]) -> Proc | None:
+    if proc is None:
+        return None
+    try:
+        wait_ready(proc, litellm.HEALTH_PATH, litellm.START_SECONDS)
+    except RuntimeError as error:
+        notes.append(f"LiteLLM did not start ({str(error).splitlines()[0]}): variant left out")
+        return None
+    return proc
+
+
+async def _measure(
+    targets: dict[str, Target], body: Body, args: argparse.Namespace
+) -> tuple[list[Comparison], str]:
+    names = list(targets)
+    measures = [ttft_ms(50, "streamed TTFT"), ttft_ms(99, "streamed TTFT"), THROUGHPUT]
+    comparisons = {n: Comparison(f"{n} stream{'s' if n > 1 else ''}", names, measures) for n in STREAMS}
+
+    async def one_round(round_no: int) -> None:
+        order = names[round_no % len(names) :] + names[: round_no % len(names)]
+        for streams in STREAMS:
+            for name in order:
+                run = await closed_loop(targets[name], body, streams, args.seconds, ramp=args.ramp)
+                comparisons[streams].record(name, run)
+
+    for name in names:  # first requests pay for connection set-up and lazy initialisation
+        await closed_loop(targets[name], body, 4, 1.0)
+    why = await repeat_rounds(
+        one_round, list(comparisons.values()), args.min_rounds, args.max_rounds, args.budget
+    )
+    return list(comparisons.values()), why
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="qwen-gateway-bench-"))
-    print(f"[bench] model, engines and logs under {work}", flush=True)
-    model = build_tiny_model(work / "model", hidden_size=args.hidden, num_layers=args.layers)
-    t0 = time.monotonic()
-    engines = _start_engines(model, review(_cr("cache_aware")), 2, work / "logs")
-    print(f"[bench] 2 engines ready in {time.monotonic() - t0:.0f} s", flush=True)
-    urls = [e.url for e in engines]
-    a = urls[0]
-    keys = {"bench": API_KEY}
-    try:
-        with (
-            start_gateway(review(_cr("cache_aware")), [a], keys) as ca_a,
-            start_gateway(review(_cr("round_robin")), [a], keys) as rr_a,
-            start_gateway(review(_cr("cache_aware")), urls, keys) as ca_ab,
-            start_gateway(review(_cr("round_robin")), urls, keys) as rr_ab,
-        ):
-            single = {
-                "direct": _direct([a]),
-                "cache_aware": _gateway(ca_a.url),
-                "round_robin": _gateway(rr_a.url),
-            }
-            both = {
-                "direct": _direct(urls),
-                "cache_aware": _gateway(ca_ab.url),
-                "round_robin": _gateway(rr_ab.url),
-            }
-            warm = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
-            await _alternating(single | {f"{k} ab": v for k, v in both.items()}, warm, 10)
-            overhead = await _overhead(single, both, args)
-        print("\n1. Latency added by the gateway (nginx + vllm-router), as rendered, same engines")
-        print("   (first four rows: one engine, requests alternating; throughput: both engines)")
-        overhead.print()
-        workload = PrefixWorkload(await _chars_per_token(a), random.Random(7))
-        policies = await _policies(urls, args, workload)
-        policies.print()
-    finally:
-        for engine in engines:
-            engine.stop()
-    return {"overhead": overhead.ratios(), "policies": policies.ratios(), "model": vars(args)}
+    print(f"[bench] {SCENARIO}: engine and proxy logs under {work}", flush=True)
+    model = bench_model(args.hidden, args.layers)
+    rev = review(_cr())
+    notes: list[str] = []
+    with _stopping(_spawn_engines(model, rev, 2, work / "logs")) as engines:
+        urls = [e.url for e in engines]
+        proc = _spawn_litellm(urls, work / "logs", notes)  # starts while the engines load
+        with _stopping([proc] if proc else []):
+            print("[bench] starting 2 engines and LiteLLM (about a minute and a half)", flush=True)
+            for engine in engines:
+                wait_ready(engine, "/health", ENGINE_START_SECONDS)
+            proxy = _wait_litellm(proc, notes)
+            print(f"[bench] engines ready at {time.monotonic() - started:.0f} s", flush=True)
+            with start_gateway(rev, urls, {"bench": API_KEY}) as stack:
+                targets = {
+                    "direct": _round_robin(urls),
+                    "gateway": _round_robin([stack.url], {"Authorization": f"Bearer {API_KEY}"}),
+                    "vllm-router": _round_robin([stack.router_url]),
+                }
+                if proxy:
+                    targets["litellm"] = _round_robin([proxy.url], {"Authorization": f"Bearer {LITELLM_KEY}"})
+                body = _chat_body(sorted(set(await token_ids(urls[0], SERVED_MODEL, WORDS))))
+                comparisons, why = await _measure(targets, body, args)
+    seconds = time.monotonic() - started
+    notes = [*_notes(rev, args, comparisons, why), *notes]
+    print(f"\n{SCENARIO}: streamed chat completions, ratios to direct (client-side round robin)")
+    for comparison in comparisons:
+        comparison.print()
+    for note in notes:
+        print(f"   - {note}")
+    title = "Gateway overhead: streamed TTFT and throughput, gateway vs direct vs vllm-router vs LiteLLM"
+    return write_report(args.json, SCENARIO, title, seconds, comparisons, notes)
+
+
+def _notes(rev: Review, args: argparse.Namespace, comparisons: list[Comparison], why: str) -> list[str]:
+    errors = {v: sum(c.pooled(v).errors for c in comparisons) for v in comparisons[0].variants}
+    chunks = {v: round(statistics.mean(c.pooled(v).mean_chunks for c in comparisons), 1) for v in errors}
+    return [
+        f"2 vLLM CPU engines (vllm-cpu {VLLM}), random Qwen3 (hidden {args.hidden}, {args.layers} layers) "
+        f"served as {SERVED_MODEL}, engine flags as rendered for maxNumSeqs {MAX_NUM_SEQS}, plus "
+        "--enforce-eager; one unbound thread each",
+        f"streamed chat completions, ~10-token prompts, {GENERATED_TOKENS} tokens generated (ignore_eos); "
+        f"per variant and level: closed loop, clients started over {args.ramp:g} s, then {args.seconds:g} s",
+        f"gateway: nginx + vllm-router {VLLM_ROUTER} as rendered, policy {rev.resource.spec.gateway.policy} "
+        "(the default), API key checked by nginx; vllm-router: the same process on its own port",
+        f"litellm: LiteLLM proxy {litellm.LITELLM_VERSION}, 1 worker, simple-shuffle over both engines, "
+        "master key, no database",
+        f"{why}; errors per variant {errors}; chunks with text per stream {chunks} (of "
+        f"{GENERATED_TOKENS} tokens: vLLM merges tokens into one chunk when the reader lags)",
+        "2 shared cores: engines, gateway, proxy and the load client compete for them, so a gateway's CPU "
+        "cost also slows the engines (as on a shared node); ratios, not absolute numbers, carry over",
+    ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="shorter runs (a smoke test of the bench)")
-    parser.add_argument("--json", type=Path, help="also write the ratios to this file")
-    parser.add_argument("--hidden", type=int, default=512, help="hidden size of the random model")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run of the scenario (a couple of minutes)"
+    )
+    parser.add_argument("--json", type=Path, help="write the scenario's JSON (bench suite contract) here")
+    parser.add_argument("--hidden", type=int, default=256, help="hidden size of the random model")
     parser.add_argument("--layers", type=int, default=4, help="layers of the random model")
     args = parser.parse_args()
-    args.rounds = 1 if args.quick else 2
-    args.count = 20 if args.quick else 100
-    args.c16_seconds = 4.0 if args.quick else 8.0
-    args.capacity_seconds = 5.0 if args.quick else 12.0
-    args.policy_seconds = 8.0 if args.quick else 30.0
-    result = asyncio.run(main_async(args))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2, default=str))
-    print(f"\n[bench] ratios: {json.dumps(result, default=str)}")
+    args.seconds = 2.0 if args.quick else 4.0
+    args.ramp = 0.5
+    args.min_rounds, args.max_rounds = (1, 1) if args.quick else (3, 6)
+    args.budget = 60.0 if args.quick else 220.0  # measuring only; engines and proxy start in ~1.5 min
+    asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":

@@ -31,23 +31,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from qwen_devtools.procs import Proc, wait_ready
 from qwen_devtools.realparts.benchmodel import bench_model
 from qwen_devtools.realparts.compare import THROUGHPUT, Comparison, repeat_rounds, ttft_ms, write_report
-from qwen_devtools.realparts.engine import ENGINE_START_SECONDS, SERVED_MODEL, spawn_engine, test_engine_args
-from qwen_devtools.realparts.load import Body, Target, closed_loop, open_loop, send_all, token_ids
+from qwen_devtools.realparts.engine import (
+    ENGINE_START_SECONDS,
+    SERVED_MODEL,
+    cpu_qwendeployment,
+    spawn_engine,
+    test_engine_args,
+)
+from qwen_devtools.realparts.load import (
+    SENTENCES,
+    Body,
+    Target,
+    chars_per_token,
+    closed_loop,
+    open_loop,
+    send_all,
+    token_ids,
+)
 from qwen_operator.api.review import review
 from qwen_operator.versions import VLLM
 
 SCENARIO = "engine settings"
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Qwen3 serves chat completions on vLLM.",
-    "Kubernetes operators reconcile desired state.",
-    "Hello, world! 0123456789 {}[]():;,.",
-]
 LONG_TOKENS = 800  # within the engines' 1024-token context with the answer, whatever the estimate
 PREFIX_TOKENS = 600
 PREFIXES = 8
@@ -79,23 +86,12 @@ CACHING = {"prefix cache on": BASELINE, "prefix cache off": Setting(prefix_cachi
 
 def engine_args(setting: Setting) -> list[str]:
     """The engine flags the operator renders for a QwenDeployment with these fields (machine flags off)."""
-    body = {
-        "apiVersion": "inference.qwenops.dev/v1alpha1",
-        "kind": "QwenDeployment",
-        "metadata": {"name": "bench", "namespace": "bench"},
-        "spec": {
-            "model": {"name": SERVED_MODEL},
-            "gpu": {"type": "A100-80GB"},
-            "parallelism": {"tensor": 2},
-            "engine": {
-                "maxModelLen": 1024,
-                "maxNumSeqs": 8,
-                "maxNumBatchedTokens": setting.batched_tokens,
-                "enableChunkedPrefill": setting.chunked_prefill,
-                "enablePrefixCaching": setting.prefix_caching,
-            },
-        },
+    engine = {
+        "maxNumBatchedTokens": setting.batched_tokens,
+        "enableChunkedPrefill": setting.chunked_prefill,
+        "enablePrefixCaching": setting.prefix_caching,
     }
+    body = cpu_qwendeployment(engine, name="bench", namespace="bench")
     rev = review(body)
     if not rev.plan.fits:
         raise SystemExit(f"the bench's QwenDeployment does not fit: {rev.plan}")
@@ -168,15 +164,6 @@ class Prompts:
             return self.body(f"{prefix}\nQuestion {next(serial)}: what next?", 8)
 
         return [body(prefix) for prefix in prefixes], body
-
-
-async def _chars_per_token(engine: Proc) -> float:
-    text = " ".join(SENTENCES * 20)
-    async with aiohttp.ClientSession() as session:
-        body = {"model": SERVED_MODEL, "prompt": text, "max_tokens": 1}
-        async with session.post(f"{engine.url}/v1/completions", json=body) as response:
-            usage = (await response.json())["usage"]
-    return len(text) / usage["prompt_tokens"]
 
 
 async def _prefill_seconds(engine: Proc, prompts: Prompts) -> float:
@@ -266,7 +253,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         print(f"[bench] engines ready at {time.monotonic() - started:.0f} s", flush=True)
         baseline = engines["chunked 2048"]
         words = sorted(set(await token_ids(baseline.url, SERVED_MODEL, SENTENCES[0])))
-        prompts = Prompts(await _chars_per_token(baseline), words)
+        prompts = Prompts(await chars_per_token(baseline.url, SERVED_MODEL), words)
         chunking, chunking_why = await _chunking(engines, prompts, args)
         for name in list(CHUNKING)[1:]:  # at most three engines at once
             engines.pop(name).stop()

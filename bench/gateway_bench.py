@@ -36,7 +36,13 @@ from qwen_devtools.procs import Proc, wait_ready
 from qwen_devtools.realparts import litellm
 from qwen_devtools.realparts.benchmodel import bench_model
 from qwen_devtools.realparts.compare import THROUGHPUT, Comparison, repeat_rounds, ttft_ms, write_report
-from qwen_devtools.realparts.engine import ENGINE_START_SECONDS, SERVED_MODEL, spawn_engine, test_engine_args
+from qwen_devtools.realparts.engine import (
+    ENGINE_START_SECONDS,
+    SERVED_MODEL,
+    cpu_qwendeployment,
+    spawn_engine,
+    test_engine_args,
+)
 from qwen_devtools.realparts.gateway import start_gateway
 from qwen_devtools.realparts.load import Body, Target, closed_loop, token_ids
 from qwen_operator.api.review import Review, review
@@ -55,25 +61,15 @@ WORDS = "The quick brown fox jumps over the lazy dog."  # what the model may say
 def _cr() -> dict[str, Any]:
     """The benchmark's QwenDeployment: engine and gateway as the operator renders them (default policy);
     admission limits far above the load so that the gateway never queues or refuses."""
-    return {
-        "apiVersion": "inference.qwenops.dev/v1alpha1",
-        "kind": "QwenDeployment",
-        "metadata": {"name": "bench", "namespace": "bench"},
-        "spec": {
-            "model": {"name": SERVED_MODEL},
-            "gpu": {"type": "A100-80GB"},
-            "parallelism": {"tensor": 2},
-            "engine": {"maxModelLen": 1024, "maxNumSeqs": MAX_NUM_SEQS, "maxNumBatchedTokens": 2048},
-            "replicas": 2,
-            "gateway": {
-                "apiKeysSecret": "bench-keys",
-                "replicas": 1,
-                "rateLimit": {"requestsPerMinute": 1_000_000, "burst": 100_000},
-                "maxConcurrentRequests": 512,
-                "queueSize": 256,
-            },
-        },
+    gateway = {
+        "apiKeysSecret": "bench-keys",
+        "replicas": 1,
+        "rateLimit": {"requestsPerMinute": 1_000_000, "burst": 100_000},
+        "maxConcurrentRequests": 512,
+        "queueSize": 256,
     }
+    engine = {"maxNumSeqs": MAX_NUM_SEQS}
+    return cpu_qwendeployment(engine, gateway, replicas=2, name="bench", namespace="bench")
 
 
 def _chat_body(allowed_tokens: list[int]) -> Body:

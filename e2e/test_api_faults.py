@@ -36,6 +36,7 @@ import yaml
 from qwen_devtools.faultproxy import UPSTREAM, FaultProxy, Match, Reply, WatchGone, WatchStall
 from qwen_devtools.net import http_get
 from qwen_devtools.operator_proc import OperatorProcess, install, service_account_kubeconfig
+from qwen_devtools.repo import REPO
 from qwen_devtools.wait import wait_until
 from qwen_operator.api.review import review
 from qwen_operator.k8s import contains
@@ -44,7 +45,6 @@ from qwen_operator.manifests import ClusterFacts, build_children
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "a100-80gb-tp2-bf16.yaml"
 #: The operator runs cluster-wide (install.yaml's default scope): kopf watches and the resync lists here.
 QWD_API = "/apis/inference.qwenops.dev/v1alpha1"

@@ -20,11 +20,11 @@ import pytest
 import yaml
 
 from qwen_devtools.operator_proc import OperatorProcess, service_account_kubeconfig
+from qwen_devtools.repo import REPO
 from qwen_devtools.wait import wait_until
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "qwen-operator"
 EXAMPLE = REPO / "examples" / "a100-80gb-tp2-bf16.yaml"
 RELEASE = "qwen-e2e"

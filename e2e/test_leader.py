@@ -41,6 +41,7 @@ from qwen_devtools.operator_proc import (
     service_account_like_operator,
 )
 from qwen_devtools.wait import wait_until
+from qwen_operator.k8s import Leases
 from qwen_operator.leader import (
     LEASE_SECONDS,
     LOST_EXIT_CODE,
@@ -94,7 +95,7 @@ def apiserver_stopped(cluster: devcluster.Cluster) -> Iterator[None]:
 
 def electors(api: CoordinationV1Api, namespace: str, *identities: str) -> list[Elector]:
     """Candidates for one Lease with the shipped timing."""
-    return [Elector(api, Election(namespace, "test", identity=i)) for i in identities]
+    return [Elector(Leases(api), Election(namespace, "test", identity=i)) for i in identities]
 
 
 def lease_spec(api: CoordinationV1Api, namespace: str, name: str = "test") -> Any:
@@ -164,7 +165,7 @@ def test_racing_candidates_elect_exactly_one(
     candidates = electors(coordination, lease_namespace, *(f"c{i}" for i in range(6)))
     if lease == "expired":
         short = Election(lease_namespace, "test", identity="old", timing=Timing(lease=1.0))
-        assert Elector(coordination, short).try_acquire_or_renew() is Attempt.HELD
+        assert Elector(Leases(coordination), short).try_acquire_or_renew() is Attempt.HELD
         assert all(c.try_acquire_or_renew() is Attempt.TAKEN for c in candidates)  # each sees it once
         time.sleep(1.5)  # ... and then it expires on every candidate's clock
     barrier = threading.Barrier(len(candidates))

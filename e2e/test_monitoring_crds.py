@@ -22,6 +22,7 @@ import yaml
 from qwen_devtools import monitoringstack
 from qwen_devtools.gotools import GoMissing
 from qwen_devtools.operator_proc import OperatorProcess, install, service_account_kubeconfig
+from qwen_devtools.repo import REPO
 from qwen_devtools.require import missing
 from qwen_devtools.wait import wait_until
 from qwen_operator.api.review import review
@@ -30,7 +31,6 @@ from qwen_operator.versions import CONTROLLER_TOOLS, KEDA, PROMETHEUS_OPERATOR
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[1]
 INPUTS = [
     *sorted((REPO / "examples").glob("*.yaml")),
     REPO / "tests" / "golden" / "inputs" / "everything.yaml",

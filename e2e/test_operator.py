@@ -22,9 +22,9 @@ from qwen_devtools.operator_proc import (
     OPERATOR_USER,
     OperatorProcess,
     audit_writes,
-    install,
-    service_account_kubeconfig,
+    installed_operator,
 )
+from qwen_devtools.repo import REPO
 from qwen_devtools.wait import wait_until
 from qwen_operator.api.review import review
 from qwen_operator.k8s import contains
@@ -33,7 +33,6 @@ from qwen_operator.manifests import ClusterFacts, build_children
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 GPU_PRODUCT = {
     "A100-80GB": "NVIDIA-A100-SXM4-80GB",
@@ -44,15 +43,10 @@ GPU_PRODUCT = {
 
 @pytest.fixture(scope="module")
 def operator(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    install(cluster)
-    tmp = tmp_path_factory.mktemp("operator")
-    kubeconfig = service_account_kubeconfig(cluster, tmp / "kubeconfig")
     # Failing objects are retried after 1, 2, 4 s ... capped at 4 s here (60 s by default): short tests.
     env = {"QWEN_OPERATOR_RETRY_MAX_SECONDS": "4"}
-    proc = OperatorProcess(kubeconfig, tmp / "operator.log", env=env).start()
-    yield proc
-    proc.stop()
-    print(f"\n--- operator log (tail) ---\n{proc.tail(80)}")
+    with installed_operator(cluster, tmp_path_factory.mktemp("operator"), env=env) as proc:
+        yield proc
 
 
 def load_example(path: Path, namespace: str) -> dict[str, Any]:

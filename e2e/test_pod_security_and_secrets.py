@@ -27,14 +27,13 @@ from qwen_devtools.operator_proc import (
     OPERATOR_USER,
     OperatorProcess,
     audit_writes,
-    install,
-    service_account_kubeconfig,
+    installed_operator,
 )
+from qwen_devtools.repo import REPO
 from qwen_devtools.wait import wait_until
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[1]
 #: 2 replicas of 1 L40S (the Pod Security cases); 1 replica of 2 A100s (the Secrets case: that pool
 #: has 16 GPUs, room beside pods of earlier tests that are still terminating).
 L40S = REPO / "examples" / "l40s-48gb-tp1-awq.yaml"
@@ -73,18 +72,11 @@ MIN_SCANNED_BYTES = 100_000
 
 @pytest.fixture(scope="module")
 def operator(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    install(cluster)
-    tmp = tmp_path_factory.mktemp("operator")
-    kubeconfig = service_account_kubeconfig(cluster, tmp / "kubeconfig")
     env = {"POD_NAMESPACE": OPERATOR_NAMESPACE, "POD_NAME": "security-e2e"}
-    proc = OperatorProcess(
-        kubeconfig, tmp / "operator.log", args=("--leader-elect", "--log-level=debug"), env=env
-    )
-    proc.start()
-    wait_until(lambda: proc.metric("qwen_operator_leader") == 1, 60, "the operator holds the Lease")
-    yield proc
-    proc.stop()
-    print(f"\n--- operator log (tail) ---\n{proc.tail(80)}")
+    args = ("--leader-elect", "--log-level=debug")
+    with installed_operator(cluster, tmp_path_factory.mktemp("operator"), args=args, env=env) as proc:
+        wait_until(lambda: proc.metric("qwen_operator_leader") == 1, 60, "the operator holds the Lease")
+        yield proc
 
 
 def kubectl_json(cluster: Any, *args: str) -> Any:

@@ -36,13 +36,13 @@ from qwen_devtools.operator_proc import (
     service_account_kubeconfig,
 )
 from qwen_devtools.procs import clean_env
+from qwen_devtools.repo import REPO
 from qwen_devtools.wait import wait_until
 from qwen_operator.kinds import MANAGED, kind_of
 from qwen_operator.names import MANAGED_BY
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[1]
 PREVIOUS = "v0.1.0"
 #: The commit tagged v0.1.0: CI's clone of main has the history but not the tags.
 PREVIOUS_COMMIT = "6ac933ba330d3ae9764ef79ba8fd01b1aae84076"

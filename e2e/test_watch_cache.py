@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,27 +25,22 @@ from qwen_devtools.operator_proc import (
     WRITE_VERBS,
     OperatorProcess,
     audit_requests,
-    install,
-    service_account_kubeconfig,
+    installed_operator,
 )
+from qwen_devtools.repo import REPO
 from qwen_devtools.wait import wait_until
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "a100-80gb-tp2-bf16.yaml"
 RESYNC_SECONDS = 4
 
 
 @pytest.fixture(scope="module")
 def operator(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    install(cluster)
-    tmp = tmp_path_factory.mktemp("operator")
-    kubeconfig = service_account_kubeconfig(cluster, tmp / "kubeconfig")
-    proc = OperatorProcess(kubeconfig, tmp / "operator.log", resync_seconds=RESYNC_SECONDS).start()
-    yield proc
-    proc.stop()
-    print(f"\n--- operator log (tail) ---\n{proc.tail(40)}")
+    work = tmp_path_factory.mktemp("operator")
+    with installed_operator(cluster, work, log_lines=40, resync_seconds=RESYNC_SECONDS) as proc:
+        yield proc
 
 
 def requests(cluster: Any, verbs: frozenset[str], since: float, until: float) -> Counter[str]:

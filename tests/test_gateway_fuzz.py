@@ -26,7 +26,13 @@ import pytest
 
 from qwen_devtools.net import LOOPBACK
 from qwen_devtools.procs import Proc, wait_ready
-from qwen_devtools.realparts.engine import ENGINE_START_SECONDS, SERVED_MODEL, spawn_engine, test_engine_args
+from qwen_devtools.realparts.engine import (
+    ENGINE_START_SECONDS,
+    SERVED_MODEL,
+    cpu_qwendeployment,
+    spawn_engine,
+    test_engine_args,
+)
 from qwen_devtools.realparts.gateway import GatewayStack, start_gateway_stack
 from qwen_devtools.wait import wait_until
 from qwen_operator.api.review import review
@@ -49,25 +55,11 @@ NGINX_HEADER_TIMEOUT_DEFAULT = 60.0
 
 
 def _body() -> dict[str, object]:
-    """A QwenDeployment whose engine flags suit the CPU engine (batch 8, context 1024), with API keys."""
-    return {
-        "apiVersion": "inference.qwenops.dev/v1alpha1",
-        "kind": "QwenDeployment",
-        "metadata": {"name": "chat", "namespace": "llm"},
-        "spec": {
-            "model": {"name": SERVED_MODEL},
-            "gpu": {"type": "A100-80GB"},
-            "parallelism": {"tensor": 2},
-            "engine": {
-                "maxModelLen": 1024,
-                "maxNumSeqs": 8,
-                "maxNumBatchedTokens": 2048,
-                "apiKeySecret": {"name": "chat-engine-key"},
-            },
-            "replicas": 1,
-            "gateway": {"apiKeysSecret": "chat-api-keys", "replicas": 1},
-        },
-    }
+    """A QwenDeployment whose engine flags suit the CPU engine, with API keys."""
+    return cpu_qwendeployment(
+        engine={"apiKeySecret": {"name": "chat-engine-key"}},
+        gateway={"apiKeysSecret": "chat-api-keys", "replicas": 1},
+    )
 
 
 @dataclass

@@ -13,19 +13,13 @@ import pytest
 import yaml
 
 from qwen_operator.api.review import review
+from qwen_operator.kinds import optional
 from qwen_operator.manifests import ClusterFacts, build_children
 from support import EXAMPLES, GOLDEN, load
 
 INPUTS = sorted((GOLDEN / "inputs").glob("*.yaml"))
-OPTIONAL_CRDS = frozenset(
-    {
-        "servicemonitors.monitoring.coreos.com",
-        "podmonitors.monitoring.coreos.com",
-        "prometheusrules.monitoring.coreos.com",
-        "scaledobjects.keda.sh",
-        "httproutes.gateway.networking.k8s.io",
-    }
-)
+OPTIONAL_CRDS = frozenset(k.crd for k in optional() if k.crd)
+
 
 #: case name -> (input file, cluster facts). Offline renders (no facts) for every file, plus the
 #: facts a live reconcile sees: GPUs free for a surge, and a cluster without any optional CRD.

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from qwen_operator.api.catalog import GIB, MODELS
+from qwen_operator.api.catalog import GIB, GPUS, MODELS
 from qwen_operator.api.plan import (
     CUDA_GRAPH_BYTES,
     Plan,
@@ -216,6 +216,49 @@ def test_fp8_kv_cache_doubles_tokens() -> None:
     assert fp8.kv_bytes_per_token * 2 == bf16.kv_bytes_per_token
     assert fp8.kv_budget_bytes_per_gpu == bf16.kv_budget_bytes_per_gpu
     assert fp8.kv_tokens_per_replica in (2 * bf16.kv_tokens_per_replica, 2 * bf16.kv_tokens_per_replica + 1)
+
+
+def test_fp8_kv_cache_on_a100_doubles_full_context_requests_at_128k() -> None:
+    """vLLM 0.32 runs an fp8 KV cache on Ampere (FlashInfer or Triton attention): half the bytes per
+    token, so about twice the 131,072-token requests at once on the same budget."""
+    long = {"gpu": {"type": "A100-80GB"}, "engine": {"maxModelLen": 131_072}}
+    bf16 = plan_for(**long)
+    fp8 = plan_for(**merge(long, {"engine": {"kvCacheDtype": "fp8"}}))
+    assert not fp8.errors and bf16.max_concurrent_at_max_model_len >= 1
+    assert fp8.kv_bytes_per_token * 2 == bf16.kv_bytes_per_token
+    assert fp8.max_concurrent_at_max_model_len in (
+        2 * bf16.max_concurrent_at_max_model_len,
+        2 * bf16.max_concurrent_at_max_model_len + 1,
+    )
+
+
+# The pools users and the seeds name (issue 12): GPU feature discovery's nvidia.com/gpu.product value
+# (the marketing name with spaces as dashes) and whether the GPU has FP8 tensor cores (Ada, Hopper and
+# Blackwell do; Ampere does not), from NVIDIA's product pages, not from the catalog.
+NAMED_POOLS = {
+    "RTX-4090-24GB": ("NVIDIA-GeForce-RTX-4090", True, "Ada"),
+    "RTX-6000-Ada-48GB": ("NVIDIA-RTX-6000-Ada-Generation", True, "Ada"),
+    "RTX-PRO-6000-Blackwell-96GB": ("NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition", True, "Blackwell"),
+    "A10G-24GB": ("NVIDIA-A10G", False, "Ampere"),
+    "H100-NVL-94GB": ("NVIDIA-H100-NVL", True, "Hopper"),
+    "H200-NVL-141GB": ("NVIDIA-H200-NVL", True, "Hopper"),
+    "B200-180GB": ("NVIDIA-B200", True, "Blackwell"),
+}
+
+
+@pytest.mark.parametrize("gpu", sorted(NAMED_POOLS))
+def test_the_catalog_has_the_pools_users_name(gpu: str) -> None:
+    label, fp8, architecture = NAMED_POOLS[gpu]
+    info = GPUS[gpu]
+    assert label in info.product_labels
+    assert info.fp8_compute is fp8 and info.architecture == architecture
+
+
+def test_gpu_memory_is_what_cuda_reports() -> None:
+    """Below nvidia-smi's figure: A100-80GB about 79.1-79.25 GiB in public logs, H200 143,156 MiB
+    measured (torch.cuda.mem_get_info total on the project's H200)."""
+    assert 79.1 * GIB <= GPUS["A100-80GB"].memory_bytes <= 79.25 * GIB
+    assert GPUS["H200-141GB"].memory_bytes == 143_156 * 2**20
 
 
 def test_gpu_memory_utilization_changes_the_budget() -> None:

@@ -257,8 +257,8 @@ def test_every_role_is_the_operators_or_aggregated_for_users(values: Path) -> No
 
 
 def test_the_child_kind_table_is_kinds_managed() -> None:
-    """The table above is the list the chart's child rules are generated from (and the one kopf watches:
-    a Secret there would be watched, i.e. read)."""
+    """The table above is the list the chart's child rules are generated from (and the one the operator's
+    informers watch: a Secret there would be watched, i.e. read)."""
     assert {(k.group, k.plural) for k in MANAGED} == CHILD_KINDS
 
 

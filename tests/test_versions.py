@@ -21,7 +21,18 @@ from qwen_operator import versions
 REPO = Path(__file__).resolve().parents[1]
 #: Where files stating versions live; tests/ is left out (its Python imports the module, its data is
 #: made from what the builders render).
-ROOTS = ("README.md", "pyproject.toml", "Makefile", "docs", "images", "charts", "tools", "gitops", "e2e")
+ROOTS = (
+    "README.md",
+    "pyproject.toml",
+    "Makefile",
+    "docs",
+    "images",
+    "charts",
+    "tools",
+    "gitops",
+    "e2e",
+    "bench",
+)
 DEVTOOLS = REPO / "operator" / "qwen_devtools"
 SUFFIXES = {".md", ".yaml", ".yml", ".txt", ".toml", ".sh", ".tpl"}
 NAMES = {"Dockerfile", "Makefile", "go.mod"}
@@ -115,6 +126,35 @@ MENTIONS = (
     Mention("kwok", r"\bkwok (v\d+\.\d+\.\d+)\b", versions.KWOK, "copied unchanged from kwok {} (Apache-2.0"),
     Mention("helm", r"\bhelm (v\d+\.\d+\.\d+)\b", versions.HELM, "built with helm {}"),
     Mention("torch", r"\btorch(?: |==)(\d+\.\d+\.\d+)", versions.TORCH, "installing torch {} and"),
+    Mention("containerd", r"\bcontainerd (v?\d+\.\d+\.\d+)\b", versions.CONTAINERD, "containerd {} from"),
+    Mention("CoreDNS", r"\bCoreDNS (v?\d+\.\d+\.\d+)\b", versions.COREDNS, "CoreDNS {} from"),
+    Mention(
+        "prometheus-operator",
+        r"\b(?:prometheus-operator|prometheus-config-reloader)[/:@ ]+(?:[a-z/.-]*:)?(v\d+\.\d+\.\d+)\b",
+        versions.PROMETHEUS_OPERATOR,
+        "prometheus-operator {} from",
+    ),
+    Mention(
+        "controller-tools",
+        r"\bcontroller-(?:tools|gen)`?,? (v\d+\.\d+\.\d+)\b",
+        versions.CONTROLLER_TOOLS,
+        "controller-gen {} from",
+    ),
+    Mention("KEDA module", r"\bkedacore/keda/v2`? (v\d+\.\d+\.\d+)\b", versions.KEDA, "kedacore/keda/v2 {} "),
+    Mention("Prometheus", r"\bPrometheus (\d+\.\d+\.\d+)\b", versions.PROMETHEUS, "running Prometheus {} ("),
+    Mention(
+        "prometheus-adapter",
+        r"\bprometheus-adapter[: ]+(v\d+\.\d+\.\d+)\b",
+        versions.PROMETHEUS_ADAPTER,
+        "prometheus-adapter {} from",
+    ),
+    Mention(
+        "llm-d-inference-sim",
+        r"\bllm-d-inference-sim\b(?:\]\([^)]*\))? (v\d+\.\d+\.\d+)\b",
+        versions.INFERENCE_SIM,
+        "llm-d-inference-sim {} replicas",
+    ),
+    Mention("LiteLLM", r"\b(?:LiteLLM|litellm)(?: |==)(\d+\.\d+\.\d+)\b", versions.LITELLM, "LiteLLM {} in"),
 )
 
 #: Files (globs) that must state these pins exactly, each matched by at least one file.

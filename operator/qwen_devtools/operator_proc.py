@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -241,3 +241,19 @@ class OperatorProcess:
         """The exit status once the process ends by itself; subprocess.TimeoutExpired after `timeout` s."""
         assert self.proc is not None, "not started"
         return self.proc.wait(timeout)
+
+
+@contextlib.contextmanager
+def installed_operator(
+    cluster: Any, work: Path, log_lines: int = 80, **settings: Any
+) -> Iterator[OperatorProcess]:
+    """install.yaml applied, then the operator running under its ServiceAccount (kubeconfig and log in
+    `work`; `settings` as OperatorProcess takes them); stopped at the end, its log's tail printed."""
+    install(cluster)
+    kubeconfig = service_account_kubeconfig(cluster, work / "kubeconfig")
+    proc = OperatorProcess(kubeconfig, work / "operator.log", **settings).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+        print(f"\n--- operator log (tail) ---\n{proc.tail(log_lines)}")

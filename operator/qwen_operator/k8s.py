@@ -20,7 +20,7 @@ from typing import Any
 
 import kubernetes
 import urllib3
-from kubernetes.client import ApiClient
+from kubernetes.client import ApiClient, Configuration, CoordinationV1Api, V1Lease
 from kubernetes.client.rest import ApiException
 
 from .api.pool import NodePool
@@ -599,3 +599,26 @@ def _retry_after(exc: ApiException) -> float:
         return max(float(value), 0.0)
     except ValueError:
         return 1.0
+
+
+class Leases:
+    """The leader-election Lease's reads and writes (coordination.k8s.io/v1; leader.py decides). One
+    call is one request within its timeout: no urllib3 retries, which would outlast the renew deadline.
+    Errors are raised (ApiException, urllib3 and OS errors) for the elector to judge."""
+
+    def __init__(self, api: CoordinationV1Api | None = None) -> None:
+        if api is None:
+            config = Configuration.get_default_copy()  # the loaded credentials
+            config.retries = False
+            api = CoordinationV1Api(ApiClient(config))
+        self._api = api
+
+    def read(self, namespace: str, name: str, timeout: float) -> V1Lease:
+        return self._api.read_namespaced_lease(name, namespace, _request_timeout=timeout)
+
+    def create(self, namespace: str, lease: V1Lease, timeout: float) -> V1Lease:
+        return self._api.create_namespaced_lease(namespace, lease, _request_timeout=timeout)
+
+    def replace(self, namespace: str, name: str, lease: V1Lease, timeout: float) -> V1Lease:
+        """The lease as read, changed: its resourceVersion makes a write by anyone in between a 409."""
+        return self._api.replace_namespaced_lease(name, namespace, lease, _request_timeout=timeout)

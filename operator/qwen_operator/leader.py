@@ -25,9 +25,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import urllib3
-from kubernetes.client import ApiClient, Configuration, CoordinationV1Api, V1Lease, V1LeaseSpec, V1ObjectMeta
+from kubernetes.client import V1Lease, V1LeaseSpec, V1ObjectMeta
 from kubernetes.client.rest import ApiException
 from prometheus_client import Gauge
+
+from .k8s import Leases
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +80,6 @@ class Election:
     timing: Timing = Timing()
 
 
-def lease_api() -> CoordinationV1Api:
-    """A client for the Lease alone, from the loaded credentials but without urllib3's retries: one
-    attempt is one request within its timeout (three silent retries would outlast the renew deadline)."""
-    config = Configuration.get_default_copy()
-    config.retries = False
-    return CoordinationV1Api(ApiClient(config))
-
-
 def default_identity() -> str:
     """The pod's name (POD_NAME from the downward API, else the hostname, which is the pod's name)."""
     return os.environ.get("POD_NAME") or socket.gethostname()
@@ -117,9 +111,7 @@ def may_take(seen: _Seen, identity: str, now: float) -> bool:
 class Elector:
     """One candidate for one Lease; `acquire`, then `hold` until it returns (lost), or `release`."""
 
-    def __init__(
-        self, api: CoordinationV1Api, election: Election, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, api: Leases, election: Election, clock: Callable[[], float] = time.monotonic) -> None:
         self.api = api
         self.election = election
         self.identity = election.identity or default_identity()
@@ -147,7 +139,7 @@ class Elector:
     def _attempt(self, timeout: float) -> Attempt:
         ns, name = self.election.namespace, self.election.name
         try:
-            lease = self.api.read_namespaced_lease(name, ns, _request_timeout=timeout)
+            lease = self.api.read(ns, name, timeout)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -166,7 +158,7 @@ class Elector:
         spec.renew_time = now
         lease.spec = spec
         # The read resourceVersion goes with it: a write by anyone in between makes this a 409.
-        written = self.api.replace_namespaced_lease(name, ns, lease, _request_timeout=timeout)
+        written = self.api.replace(ns, name, lease, timeout)
         self._observe(written)
         return Attempt.HELD
 
@@ -182,7 +174,7 @@ class Elector:
                 lease_transitions=0,
             ),
         )
-        written = self.api.create_namespaced_lease(self.election.namespace, lease, _request_timeout=timeout)
+        written = self.api.create(self.election.namespace, lease, timeout)
         log.info("%s: created", self.where)
         self._observe(written)
         return Attempt.HELD
@@ -247,13 +239,13 @@ class Elector:
         after the lease duration; only if this candidate still holds it. Returns whether it did."""
         ns, name = self.election.namespace, self.election.name
         try:
-            lease = self.api.read_namespaced_lease(name, ns, _request_timeout=self.timing.retry)
+            lease = self.api.read(ns, name, self.timing.retry)
             if lease.spec is None or lease.spec.holder_identity != self.identity:
                 return False
             lease.spec.holder_identity = None
             lease.spec.lease_duration_seconds = 1
             lease.spec.renew_time = datetime.now(UTC)
-            self.api.replace_namespaced_lease(name, ns, lease, _request_timeout=self.timing.retry)
+            self.api.replace(ns, name, lease, self.timing.retry)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             log.warning("%s: not released: %s", self.where, exc)
             return False

@@ -18,8 +18,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import handlers
-from .k8s import Caches, Cluster, load_config
-from .leader import LEADER, LOST_EXIT_CODE, Election, Elector, lease_api
+from .k8s import Caches, Cluster, Leases, load_config
+from .leader import LEADER, LOST_EXIT_CODE, Election, Elector
 from .workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def run(
                 LEADER.set(1)
                 await operate(queue, namespaces)
             else:
-                await lead(Elector(lease_api(), election), queue, namespaces)
+                await lead(Elector(Leases(), election), queue, namespaces)
         finally:
             await runner.cleanup()
 

@@ -82,6 +82,16 @@ PROMETHEUS_CONFIG_RELOADER_IMAGE = (
 PROMETHEUS_ADAPTER_IMAGE = f"registry.k8s.io/prometheus-adapter/prometheus-adapter:{PROMETHEUS_ADAPTER}"
 
 
+# --- What the benchmarks run (make bench) ---------------------------------------------------------------
+#: llm-d-inference-sim, the vLLM stand-in of many replicas with GPU-like timings (routing benchmark).
+INFERENCE_SIM_MODULE = "github.com/llm-d/llm-d-inference-sim"
+INFERENCE_SIM = "v0.10.2"
+#: The LiteLLM proxy, the Python gateway peer: the newest release whose `proxy` extra installs from the
+#: registry here (1.110 needs `litellm-proxy`, 1.109 a `litellm-proxy-extras` not served), and older
+#: than the withdrawn 1.107.0.
+LITELLM = "1.106.12"
+
+
 def kubernetes_minor() -> str:
     """`1.36` of `v1.36.3`: the schema version manifests are validated against."""
     return ".".join(KUBERNETES.removeprefix("v").split(".")[:2])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from qwen_operator.api.engine import ENGINE_COMMAND
 
@@ -16,6 +17,35 @@ from ..vllm_env import vllm_python
 #: The model name clients send; the tiny model is served under the real one.
 SERVED_MODEL = "Qwen/Qwen3-32B"
 ENGINE_START_SECONDS = 300.0  # 45-75 s alone on 2 cores; more when engines start side by side
+
+
+def cpu_qwendeployment(
+    engine: Mapping[str, Any] | None = None,
+    gateway: Mapping[str, Any] | None = None,
+    replicas: int = 1,
+    gpu: str = "A100-80GB",
+    name: str = "chat",
+    namespace: str = "llm",
+) -> dict[str, Any]:
+    """A QwenDeployment whose engine flags suit the CPU test engine (context 1024, batch 8, 2048 batched
+    tokens), planned for a real GPU pool at TP 2 so that the rendered command line is the production one;
+    `engine` and `gateway` fields are added or override, as given."""
+    spec: dict[str, Any] = {
+        "model": {"name": SERVED_MODEL},
+        "gpu": {"type": gpu},
+        "parallelism": {"tensor": 2},
+        "engine": {"maxModelLen": 1024, "maxNumSeqs": 8, "maxNumBatchedTokens": 2048, **(engine or {})},
+        "replicas": replicas,
+    }
+    if gateway is not None:
+        spec["gateway"] = dict(gateway)
+    return {
+        "apiVersion": "inference.qwenops.dev/v1alpha1",
+        "kind": "QwenDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
 
 #: Flags whose values depend on the machine, not on the QwenDeployment: replaced for the CPU test engine.
 _MACHINE_FLAGS = {

@@ -13,14 +13,14 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from qwen_operator import versions
+
 from ..cache import cache_dir
 from ..net import LOOPBACK, free_port
 from ..procs import Proc, running, spawn, temp_log_dir, wait_ready
 from .engine import SERVED_MODEL
 
-#: The newest release whose `proxy` extra installs from the registry here (1.110 needs `litellm-proxy`,
-#: 1.109 a `litellm-proxy-extras` not served), and older than the withdrawn 1.107.0.
-LITELLM_VERSION = "1.106.12"
+LITELLM_VERSION = versions.LITELLM
 HEALTH_PATH = "/health/liveliness"  # answers without calling the engines
 START_SECONDS = 120.0  # the proxy imports a lot: 20-50 s on 2 busy cores
 #: Offline and quiet: the model cost map ships in the package (no fetch at start), no telemetry.

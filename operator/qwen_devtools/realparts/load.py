@@ -161,6 +161,26 @@ async def token_ids(base_url: str, model: str, text: str) -> list[int]:
             return list((await response.json())["tokens"])
 
 
+#: What the benchmarks' prompts are made of: plain sentences that tokenize alike on every engine.
+SENTENCES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Qwen3 serves chat completions on vLLM.",
+    "Kubernetes operators reconcile desired state.",
+    "Hello, world! 0123456789 {}[]():;,.",
+)
+
+
+async def chars_per_token(base_url: str, model: str) -> float:
+    """The engine's characters per prompt token for SENTENCES (from a completion's usage): how long a
+    text of N tokens is."""
+    text = " ".join(SENTENCES * 20)
+    async with aiohttp.ClientSession() as session:
+        body = {"model": model, "prompt": text, "max_tokens": 1}
+        async with session.post(f"{base_url}/v1/completions", json=body) as response:
+            usage = (await response.json())["usage"]
+    return len(text) / float(usage["prompt_tokens"])
+
+
 async def open_loop(streams: Mapping[str, tuple[float, Target, Body]], seconds: float, seed: int) -> Run:
     """Poisson arrivals for `seconds` on each named stream of (rate per second, target, body), whatever
     the latency (no coordinated omission); the same seed gives the same arrival times. Each sample is

@@ -264,9 +264,9 @@ def test_scaled_to_two_replicas_the_new_engine_gets_traffic(served: Served) -> N
     before = _engine_requests(second)
 
     def new_engine_answered() -> bool:
-        # cache_aware sends a prompt no engine has seen to the least-loaded engine, and on a tie to the
-        # first in its list: one request at a time may always land on the old engine. Requests in
-        # flight together make the loads differ, so once discovery added the new engine it gets some.
+        # consistent_hash puts each conversation (its first user message, 16 random hex digits here)
+        # on the ring of the engines the router discovered: once the new engine is on it, about half
+        # of the new conversations go there (4 miss it with probability 1/16 per try).
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda _: _chat_ok(served, secrets.token_hex(8)), range(4)))
         return _engine_requests(second) > before

@@ -26,11 +26,19 @@ import pytest
 import requests
 
 from qwen_devtools.net import LOOPBACK, http_get
-from qwen_devtools.procs import Proc, wait_ready
-from qwen_devtools.realparts.engine import ENGINE_START_SECONDS, SERVED_MODEL, spawn_engine, test_engine_args
-from qwen_devtools.realparts.gateway import GatewayStack, start_gateway_stack
+from qwen_devtools.procs import Proc, running, spawn, wait_ready
+from qwen_devtools.realparts.engine import (
+    ENGINE_START_SECONDS,
+    SERVED_MODEL,
+    cpu_qwendeployment,
+    spawn_engine,
+    test_engine_args,
+)
+from qwen_devtools.realparts.gateway import GatewayStack, loopback_wiring, start_gateway_stack
 from qwen_devtools.realparts.paced_sse import start_paced_sse_source
+from qwen_devtools.vllm_env import vllm_router_bin
 from qwen_devtools.wait import wait_until
+from qwen_operator import gateway
 from qwen_operator.api.review import Review, review
 from support import REPO
 
@@ -45,33 +53,20 @@ HTTP.trust_env = False  # never a proxy: everything is on 127.0.0.1
 
 
 def _body(**gateway: Any) -> dict[str, Any]:
-    """A QwenDeployment whose engine flags suit the CPU engines (batch 8, context 1024)."""
-    return {
-        "apiVersion": "inference.qwenops.dev/v1alpha1",
-        "kind": "QwenDeployment",
-        "metadata": {"name": "chat", "namespace": "llm"},
-        "spec": {
-            "model": {"name": SERVED_MODEL},
-            "gpu": {"type": "A100-80GB"},
-            "parallelism": {"tensor": 2},
-            "engine": {
-                "maxModelLen": 1024,
-                "maxNumSeqs": 8,
-                "maxNumBatchedTokens": 2048,
-                "apiKeySecret": {"name": "chat-engine-key"},
-            },
-            "replicas": 2,
-            "gateway": {
-                "apiKeysSecret": "chat-api-keys",
-                "replicas": 1,
-                "rateLimit": {"requestsPerMinute": 6000, "burst": 200},
-                "maxConcurrentRequests": 64,
-                "queueSize": 64,
-                "requestTimeoutSeconds": 120,
-                **gateway,
-            },
+    """A QwenDeployment whose engine flags suit the CPU engines, 2 replicas, keys and generous limits."""
+    return cpu_qwendeployment(
+        engine={"apiKeySecret": {"name": "chat-engine-key"}},
+        gateway={
+            "apiKeysSecret": "chat-api-keys",
+            "replicas": 1,
+            "rateLimit": {"requestsPerMinute": 6000, "burst": 200},
+            "maxConcurrentRequests": 64,
+            "queueSize": 64,
+            "requestTimeoutSeconds": 120,
+            **gateway,
         },
-    }
+        replicas=2,
+    )
 
 
 #: Low limits to see 429 and overload: 30 requests per minute and burst 3 per key; 2 slots + 1 waiting.
@@ -461,6 +456,55 @@ def _assert_documented(urls: list[str]) -> None:
         assert not undocumented, f"{url}: not in docs/gateway.md: {sorted(undocumented)}"
 
 
+# --- routing -----------------------------------------------------------------------------------------
+
+
+def test_each_conversation_stays_on_one_engine(live: Live) -> None:
+    """The default policy (consistent_hash on the conversation nginx names): every turn of a chat,
+    which resends the history, reaches the engine that served its first turn and has its prefix cached;
+    different conversations use both engines. Requests one at a time, so each engine's success counter
+    says which one answered."""
+    assert live.review.resource.spec.gateway.policy == "consistent_hash"
+    a, b = live.engines[:2]
+    engines_of: list[set[int]] = []
+    for n in range(12):  # all 12 on one engine by chance: 2 in 4096
+        messages = [{"role": "user", "content": f"Conversation {n}: tell me about the number {n * 7919}."}]
+        engines: set[int] = set()
+        for turn in range(3):
+            before = [_engine_successes(a), _engine_successes(b)]
+            chat = {"model": SERVED_MODEL, "messages": messages, "max_tokens": 2}
+            response = _post(live.main, "/v1/chat/completions", chat)
+            assert response.status_code == 200, response.text
+            after = [_engine_successes(a), _engine_successes(b)]
+            engines |= {i for i in (0, 1) if after[i] > before[i]}
+            answer = response.json()["choices"][0]["message"]
+            messages += [answer, {"role": "user", "content": f"Turn {turn}?"}]
+        engines_of.append(engines)
+    assert all(len(e) == 1 for e in engines_of), engines_of
+    assert set.union(*engines_of) == {0, 1}, engines_of
+
+
+def test_the_router_logs_no_routing_keys(live: Live, tmp_path: Path) -> None:
+    """vllm-router's consistent_hash logs each request's routing key at info level; with the rendered
+    log filter the key (a bucket of the conversation) stays out of the log, and the router's own info
+    lines stay in. Two routers in front of the live engines, with and without the filter."""
+    logs = {}
+    for name, env in (("filtered", gateway.router_env()), ("unfiltered", {"RUST_LOG": "info"})):
+        wiring = loopback_wiring(tmp_path / name, [e.url for e in live.engines[:2]])
+        argv = [str(vllm_router_bin()), *gateway.router_args(live.review, wiring)]
+        proc = spawn(f"router-{name}", argv, tmp_path, env=env, port=wiring.router_port)
+        with running(proc):
+            wait_ready(proc, "/liveness", 30)
+            headers = {"X-Session-Id": "c731", "Authorization": f"Bearer {ENGINE_KEY}"}
+            url = f"{proc.url}/v1/completions"
+            response = HTTP.post(url, json=_completion(max_tokens=1), headers=headers, timeout=60)
+            assert response.status_code == 200, response.text
+            logs[name] = proc.tail(400)
+    assert "c731" in logs["unfiltered"]  # the control: without the filter the key is logged
+    assert "c731" not in logs["filtered"]
+    assert "Router ready" in logs["filtered"]
+
+
 # --- failures and scaling (these change the engine set: keep them last) -------------------------------
 
 
@@ -542,7 +586,8 @@ def test_scale_out_third_engine_gets_traffic(live: Live) -> None:
     responses = []
 
     def new_conversations() -> bool:
-        # Fresh prefixes, four at a time, until the new (least loaded, empty-cache) engine takes some.
+        # Completions name no conversation: each is hashed on its own request id, so some of a few
+        # at a time land on the new engine once it is on the router's ring.
         with ThreadPoolExecutor(4) as pool:
             prompts = [
                 f"{chr(65 + len(responses) % 26)}{len(responses) * 7919 + i} a new talk" for i in range(8)

@@ -4,13 +4,22 @@ exporters accepting exactly what is rendered. Fast: no engine is started.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
+import http.server
+import json
+import os
+import re
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
+import requests
 import yaml
 
 from qwen_devtools.net import LOOPBACK, free_port, http_get
@@ -266,6 +275,13 @@ def test_timeouts_follow_the_spec() -> None:
     assert _pod(rev)["terminationGracePeriodSeconds"] >= 1234
 
 
+def test_the_default_policy_keeps_conversations_on_one_engine() -> None:
+    """consistent_hash: no extra call per request; nginx names the conversation (tested below)."""
+    args = router_args(_review())
+    assert args[args.index("--policy") + 1] == "consistent_hash"
+    assert "proxy_set_header X-Session-Id $session_id;" in gateway.nginx_conf(_review())
+
+
 def test_balance_threshold_scales_with_the_engine_batch() -> None:
     body = copy.deepcopy(load(EXAMPLES[0]))
     body["spec"]["engine"]["maxNumSeqs"] = 256
@@ -413,3 +429,106 @@ def test_render_cli_shows_the_gateway() -> None:
     assert ("Service", name) in gateway_names
     config_map = next(o for o in objects if o["kind"] == "ConfigMap")
     assert set(config_map["data"]) == {"nginx.conf", "run-nginx.sh", "nginxlog-exporter.yml"}
+
+
+# --- routing: the turns of a conversation on one engine -----------------------------------------------
+
+SYSTEM = "You are a helpful assistant. " * 200
+FIRST = "What is the capital of France, please?"
+
+
+def _chat_body(*messages: tuple[str, str], content_first: bool = False) -> dict[str, Any]:
+    as_json = [{"content": c, "role": r} if content_first else {"role": r, "content": c} for r, c in messages]
+    return {"model": "Qwen/Qwen3-32B", "messages": as_json, "max_tokens": 2}
+
+
+class _SessionIds(http.server.ThreadingHTTPServer):
+    """Stands in for the router behind nginx: answers 200 and keeps each request's X-Session-Id."""
+
+    def __init__(self) -> None:
+        self.seen: list[str | None] = []
+        recorder = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                recorder.seen.append(self.headers.get("X-Session-Id"))
+                self._reply()
+
+            def do_GET(self) -> None:  # nginx's /ready probe
+                self._reply()
+
+            def _reply(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__((LOOPBACK, 0), Handler)
+
+
+@contextlib.contextmanager
+def _nginx_in_front_of(port: int, root: Path) -> Iterator[str]:
+    """The rendered nginx (keys on) with its router upstream at `port`; yields the chat completions URL."""
+    root.chmod(0o755)  # nginx's workers drop root: they must reach the temp directory
+    wiring = dataclasses.replace(loopback_wiring(root, []), router_port=port)
+    config = Path(wiring.config_dir)
+    config.mkdir(parents=True)
+    rev = _review(rateLimit={"requestsPerMinute": 60_000, "burst": 1_000})
+    for name, text in config_files(rev, wiring).items():
+        (config / name).write_text(text)
+    write_secret_volume(Path(wiring.api_keys_dir), {"team-a": "sk-0123456789abcdef"})
+    Path(wiring.temp_dir).mkdir(parents=True)
+    Path(wiring.temp_dir).chmod(0o777)
+    path = f"{nginx_bin().parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    proc = spawn(
+        "nginx", ["/bin/sh", str(config / "run-nginx.sh")], root, env={"PATH": path}, port=wiring.status_port
+    )
+    with running(proc):
+        wait_ready(proc, "/ready", 30)
+        yield f"http://{LOOPBACK}:{wiring.http_port}/v1/chat/completions"
+
+
+def test_nginx_names_the_conversation_of_a_chat(tmp_path: Path) -> None:
+    """Every turn of a chat gets the same X-Session-Id, a bucket of the start of its first user message
+    (its JSON text, either key order, any language); a client's own X-Session-Id is bucketed instead;
+    no text reaches the router; requests without a first user message of 16 bytes get none."""
+    recorder = _SessionIds()
+    threading.Thread(target=recorder.serve_forever, daemon=True).start()
+    auth = {"Authorization": "Bearer sk-0123456789abcdef", "Content-Type": "application/json"}
+    first_turn = _chat_body(("system", SYSTEM), ("user", FIRST))
+    later_turn = _chat_body(
+        ("system", SYSTEM), ("user", FIRST), ("assistant", "Paris."), ("user", "And Spain?")
+    )
+    cases: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
+        "first turn": (first_turn, {}),
+        "later turn": (later_turn, {}),
+        "content first": (_chat_body(("system", SYSTEM), ("user", FIRST), content_first=True), {}),
+        "escapes": (_chat_body(("user", 'Say "hi"\nthen stop, please.')), {}),
+        "other conversation": (_chat_body(("system", SYSTEM), ("user", "Tell me a story about a fox.")), {}),
+        "not ascii": (_chat_body(("user", "Größe der Stadt München, bitte?")), {}),
+        "too short": (_chat_body(("user", "Hi"), ("assistant", "Hello!")), {}),
+        "no user message": (_chat_body(("system", SYSTEM)), {}),
+        "completion": ({"model": "Qwen/Qwen3-32B", "prompt": FIRST * 3}, {}),
+        "client's id": (later_turn, {"X-Session-Id": "client-7"}),
+        "client's id again": (_chat_body(("user", "Hi")), {"X-Session-Id": "client-7"}),
+    }
+    spread = [_chat_body(("user", f"Question number {n} about something else")) for n in range(200)]
+    try:
+        with _nginx_in_front_of(recorder.server_address[1], tmp_path) as url:
+            for body, headers in [*cases.values(), *((b, {}) for b in spread)]:
+                raw = json.dumps(body, ensure_ascii=False).encode()  # as httpx and most clients send it
+                assert requests.post(url, data=raw, headers=auth | headers, timeout=10).status_code == 200
+    finally:
+        recorder.shutdown()
+    seen = dict(zip(cases, recorder.seen, strict=False))
+    named = {case: seen[case] for case in cases if case not in ("too short", "no user message", "completion")}
+    assert all(re.fullmatch(r"c\d{1,3}", str(name)) for name in named.values()), seen
+    assert seen["first turn"] == seen["later turn"] == seen["content first"]
+    assert len({seen["first turn"], seen["other conversation"], seen["escapes"], seen["not ascii"]}) == 4
+    assert seen["too short"] is seen["no user message"] is seen["completion"] is None
+    assert seen["client's id"] == seen["client's id again"]
+    assert len(set(recorder.seen[len(cases) :])) > 150  # 200 conversations over 1000 buckets

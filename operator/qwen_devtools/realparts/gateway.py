@@ -155,7 +155,7 @@ def start_gateway_stack(
 def _start_gateway_parts(stack: GatewayStack, review: Review, logs: Path, timeout: float) -> None:
     w = stack.wiring
     router_argv = [str(vllm_router_bin()), *gateway.router_args(review, w)]
-    router = spawn("router", router_argv, logs, port=w.router_port)
+    router = spawn("router", router_argv, logs, env=gateway.router_env(), port=w.router_port)
     stack.procs["router"] = router
     exporter = spawn(
         "log-exporter",

@@ -18,7 +18,7 @@ from .config import GatewayConfig, config_files
 from .exporters import LATENCY_BUCKETS, LOG_METRICS_NAMESPACE, log_exporter_config, nginx_exporter_args
 from .limits import Limits
 from .nginx import OPENAI_ROUTES, nginx_conf, run_nginx_script
-from .router import balance_abs_threshold, router_args
+from .router import balance_abs_threshold, router_args, router_env
 from .wiring import GATEWAY_METRICS_PORTS, POD, SERVICE_ACCOUNT_DIR, Wiring
 
 __all__ = [
@@ -37,5 +37,6 @@ __all__ = [
     "nginx_conf",
     "nginx_exporter_args",
     "router_args",
+    "router_env",
     "run_nginx_script",
 ]

@@ -19,6 +19,9 @@ SYSLOG_TAG = "qwen_gateway"
 MAX_BODY = "16m"
 BODY_BUFFER = "1m"
 RELOAD_INTERVAL_SECONDS = 5
+#: Buckets of conversation names (nginx split_clients, in steps of 0.1%): enough that engines get even
+#: shares of them, few enough to keep nginx.conf small.
+SESSION_BUCKETS = 1000
 
 
 @cache
@@ -55,6 +58,8 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
         "body_buffer": BODY_BUFFER,
         "syslog_tag": SYSLOG_TAG,
         "reload_interval": RELOAD_INTERVAL_SECONDS,
+        "session_buckets": SESSION_BUCKETS,
+        "session_bucket_percent": f"{100 / SESSION_BUCKETS:g}",
     }
 
 

@@ -18,6 +18,16 @@ def balance_abs_threshold(review: Review) -> int:
     return max(2, review.resource.spec.engine.max_num_seqs // 4)
 
 
+#: vllm-router's log filter (tracing's EnvFilter syntax): info, but its policies only from warn up, as
+#: consistent_hash and power_of_two log every request's routing key and choice at info.
+ROUTER_LOG_FILTER = "info,vllm_router_rs::policies=warn"
+
+
+def router_env() -> dict[str, str]:
+    """Environment of the vllm-router process (whatever the resource: the log filter above)."""
+    return {"RUST_LOG": ROUTER_LOG_FILTER}
+
+
 def router_args(review: Review, wiring: Wiring = POD, limits: Limits | None = None) -> list[str]:
     """vllm-router's command line (after the program name)."""
     qd = review.resource

@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import names, versions
 from ..api.review import Review
-from ..gateway import GATEWAY_METRICS_PORTS, SERVICE_ACCOUNT_DIR, GatewayConfig
+from ..gateway import GATEWAY_METRICS_PORTS, SERVICE_ACCOUNT_DIR, GatewayConfig, router_env
 from ..gateway.config import LOG_EXPORTER_CONF, RUN_NGINX
 from .meta import metadata
 
@@ -97,7 +97,11 @@ def _router_container(review: Review, config: GatewayConfig) -> dict[str, Any]:
         "image": gateway_image(review),
         "command": ["vllm-router"],
         "args": config.router_args,
-        "env": [{"name": "NO_COLOR", "value": "1"}, {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
+        "env": [
+            {"name": "NO_COLOR", "value": "1"},
+            {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+            *({"name": k, "value": v} for k, v in router_env().items()),
+        ],
         "ports": [{"name": "router-metrics", "containerPort": w.router_metrics_port, "protocol": "TCP"}],
         "livenessProbe": {
             "tcpSocket": {"port": "router-metrics"},

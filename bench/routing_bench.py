@@ -56,7 +56,7 @@ from qwen_devtools.realparts.engine import (
     test_engine_args,
 )
 from qwen_devtools.realparts.gateway import GatewayStack, start_gateway
-from qwen_devtools.realparts.load import SENTENCES, Run, Sample, Target, chars_per_token
+from qwen_devtools.realparts.load import SENTENCES, Run, Sample, Target, chars_per_token, token_ids
 from qwen_devtools.realparts.sim import H100_32B, SIM_VERSION, start_sims
 from qwen_operator.api.review import review
 from qwen_operator.versions import VLLM, VLLM_ROUTER
@@ -462,15 +462,6 @@ async def _loaded(part: Part, args: argparse.Namespace) -> None:
     part.notes.append(f"{part.name}, loaded: {why}")
 
 
-async def _allowed_tokens(url: str) -> list[int]:
-    """Token ids of plain words, so that every generated token is text (vLLM's /tokenize)."""
-    async with aiohttp.ClientSession() as http:
-        body = {"model": SERVED_MODEL, "prompt": SENTENCES[0], "add_special_tokens": False}
-        async with http.post(f"{url}/tokenize", json=body) as response:
-            response.raise_for_status()
-            return sorted(set((await response.json())["tokens"]))
-
-
 @contextlib.contextmanager
 def _gateways(shape: Shape, engines: Sequence[str]) -> Iterator[dict[str, GatewayStack]]:
     """One gateway per policy in front of the same engines, as the operator renders it."""
@@ -540,7 +531,8 @@ async def _cpu_part(engines: list[Proc], args: argparse.Namespace) -> Part:
         wait_ready(engine, "/health", 2 * ENGINE_START_SECONDS)
     urls = [e.url for e in engines]
     chars = await chars_per_token(urls[0], SERVED_MODEL)
-    extra = {"allowed_token_ids": await _allowed_tokens(urls[0])}
+    # Token ids of plain words, so that every generated token is text.
+    extra = {"allowed_token_ids": sorted(set(await token_ids(urls[0], SERVED_MODEL, SENTENCES[0])))}
     with _gateways(shape, urls) as gateways:
         part = Part(f"vLLM CPU x{shape.engines}", shape, urls, gateways, Conversations(shape, chars, extra))
         part.notes += [

@@ -20,11 +20,7 @@ $(VENV)/.installed: pyproject.toml images/operator/requirements.txt
 
 setup: $(VENV)/.installed ## venv, system packages, vLLM CPU env, dev cluster and real-node binaries, images, monitoring CRDs (cached)
 	bash tools/system-packages.sh
-	$(PY) -m qwen_devtools.vllm_env
-	$(DEVCLUSTER) build --real-node
-	$(PY) -m qwen_devtools.realparts.exporters
-	$(PY) -m qwen_devtools.images build all
-	$(PY) -m qwen_devtools.monitoringstack build
+	$(PY) -m qwen_devtools.provision
 
 lint: $(VENV)/.installed ## ruff, mypy, import-linter
 	$(VENV)/bin/ruff check operator tests e2e tools bench
@@ -45,7 +41,7 @@ e2e: setup ## operator end to end on the dev cluster
 	QWEN_REQUIRE_REAL_PARTS=1 $(VENV)/bin/pytest e2e -m "not bench" $(PYTEST_ARGS)
 
 test: setup lint verify ## everything CI runs: lint, drift checks, unit, real-process and e2e tests
-	QWEN_REQUIRE_REAL_PARTS=1 $(VENV)/bin/pytest tests e2e -m "not bench" $(PYTEST_ARGS)
+	QWEN_REQUIRE_REAL_PARTS=1 $(VENV)/bin/pytest tests e2e -m "not bench" --durations=25 $(PYTEST_ARGS)
 
 demo: setup ## dev cluster with GPU pools, operator installed with the chart, an example QwenDeployment
 	$(PY) -m qwen_devtools.demo up

@@ -101,6 +101,7 @@ class Audit:
         self.read()
         return Counter(
             f"{e['verb']} {e['objectRef'].get('resource', '?')}"
+            + (f"/{e['objectRef']['subresource']}" if e["objectRef"].get("subresource") else "")
             for e in self.events
             if e["verb"] in verbs and since <= e["time"] < until
         )
@@ -273,7 +274,8 @@ class Run:
         log(
             f"  [{self.label}] {what}: {crs} CRs, {nodes} nodes: {reconciles:.0f} reconciles"
             f" in {seconds:.0f} s, "
-            f"{n_reads} reads ({row['reads_per_reconcile']}/reconcile), {n_writes} writes {dict(writes)}"
+            f"{n_reads} reads ({row['reads_per_reconcile']}/reconcile) {row['top_reads']},"
+            f" {n_writes} writes {dict(writes)}"
         )
         self.rows.append(row)
         return row
@@ -398,6 +400,8 @@ def burst_row(
     writes = audit.count(WRITE_VERBS, since, time.time())
     reads = audit.count(READ_VERBS, since, time.time())
     log(f"  converged in {took:.1f} s: {sum(writes.values())} writes, {sum(reads.values())} reads")
+    log(f"  writes by verb and resource: {dict(writes.most_common(8))}")
+    log(f"  reads by verb and resource: {dict(reads.most_common(6))}")
     ensure_namespace(cluster, "peer")
     objects = rendered("peer", burst)
     peer = peer_apply(api, objects)

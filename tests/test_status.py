@@ -12,7 +12,7 @@ from qwen_operator.api.crd import crd
 from qwen_operator.api.review import Review, review
 from qwen_operator.api.spec import SpecError
 from qwen_operator.kinds import Skipped, kind_of
-from qwen_operator.status import CONDITION_TYPES, Observed, compute_status, transitions
+from qwen_operator.status import CONDITION_TYPES, Event, Observed, compute_status, events, transitions
 from support import BAD_CRS, bad_cr, example, load
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -407,6 +407,43 @@ def test_transition_time_only_moves_on_change() -> None:
     assert cond(degraded, "Ready")["lastTransitionTime"] == "2026-01-02T00:00:00Z"
     assert cond(degraded, "ConfigValid")["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert [c["type"] for c in transitions(first, degraded)] == ["Ready", "Progressing"]
+
+
+def test_a_new_good_status_posts_no_events_and_changes_post_one_each() -> None:
+    first = compute_status(serving(), None, T0)
+    assert events(None, first) == [], "a fine new QwenDeployment: its conditions are in the status only"
+    degraded = compute_status(serving(engine=deployment(2, 0)), first, T1)
+    posted = events(first, degraded)
+    # Ready=False (no engine ready) while Progressing=True: pods are starting, not a Warning
+    assert (cond(degraded, "Progressing")["status"], cond(degraded, "Ready")["reason"]) == (
+        "True",
+        "NoReadyReplicas",
+    )
+    assert [(e.type, e.message.split(":")[0]) for e in posted] == [
+        ("Normal", "Ready=False"),
+        ("Normal", "Progressing=True"),
+    ]
+    assert posted[0].reason == "NoReadyReplicas"
+    back = compute_status(serving(), degraded, T1)
+    assert [(e.type, e.message.split(":")[0]) for e in events(degraded, back)] == [
+        ("Normal", "Ready=True"),
+        ("Normal", "Progressing=False"),
+    ]
+    assert events(back, back) == []
+    # no rollout and no engine ready (they crashed, or were evicted): that is a Warning
+    lost = {**back, "conditions": [c for c in degraded["conditions"] if c["type"] != "Progressing"]}
+    lost["conditions"].append({**cond(back, "Progressing")})
+    assert [(e.type, e.message.split(":")[0]) for e in events(back, lost)] == [("Warning", "Ready=False")]
+
+
+def test_a_new_status_in_a_bad_state_posts_its_warnings() -> None:
+    status = compute_status(Observed(generation=1, spec_errors=["spec.gpu.count: must be 2"]), None, T0)
+    posted = events(None, status)
+    assert posted and all(e.type == "Warning" for e in posted)
+    assert any(e.message.startswith("ConfigValid=False: ") for e in posted)
+    ready = cond(status, "Ready")
+    assert Event("Warning", ready["reason"], f"Ready=False: {ready['message']}") in posted
+    assert not any(e.message.startswith("Progressing=") for e in posted)  # a refused spec has no rollout
 
 
 def test_no_nulls_in_status() -> None:

@@ -21,7 +21,7 @@ from .k8s import ApiException, Cluster
 from .manifests import ClusterFacts, build_children, node_pool, scaling
 from .manifests.gateway import GENERATED_KEY_ID, generated_api_keys_secret
 from .metrics import DEPLOYMENTS_READY, MANAGED_OBJECTS, RECONCILE_SECONDS, RECONCILES
-from .status import Observed, compute_status, transitions
+from .status import Observed, compute_status, events
 
 log = logging.getLogger(__name__)
 
@@ -74,19 +74,11 @@ def _write_status(cluster: Cluster, body: dict[str, Any], status: dict[str, Any]
     old = body.get("status")
     if old != status:
         cluster.patch_status(*_key_of(body), status)
-        for cond in transitions(old, status):
-            _event(cluster, body, cond)
-
-
-def _event(cluster: Cluster, body: dict[str, Any], cond: dict[str, Any]) -> None:
-    if cond["status"] == "Unknown":
-        return
-    good = (cond["status"] == "True") != (cond["type"] == "Progressing")
-    kind = "Normal" if good or cond["type"] == "Progressing" else "Warning"
-    try:
-        cluster.post_event(body, kind, cond["reason"], f"{cond['type']}={cond['status']}: {cond['message']}")
-    except ApiException as exc:  # the status already says it; a terminating namespace refuses new Events
-        log.info("%s/%s: Event %s not posted: %s", *_key_of(body), cond["reason"], exc.reason)
+        for event in events(old, status):
+            try:
+                cluster.post_event(body, event.type, event.reason, event.message)
+            except ApiException as exc:  # the status already says it; a terminating namespace refuses
+                log.info("%s/%s: Event %s not posted: %s", *_key_of(body), event.reason, exc.reason)
 
 
 def reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:

@@ -531,6 +531,42 @@ def _stamp(
 
 
 def transitions(previous: dict[str, Any] | None, current: dict[str, Any]) -> list[dict[str, Any]]:
-    """Conditions whose status changed, for Kubernetes Events."""
+    """Conditions whose status changed (or that are new)."""
     before = {c["type"]: c.get("status") for c in (previous or {}).get("conditions", [])}
     return [c for c in current["conditions"] if before.get(c["type"]) != c["status"]]
+
+
+#: Ready=False reasons that only say pods are starting (a Warning when no rollout is in progress).
+WAITING_REASONS = frozenset({"NoReadyReplicas", "GatewayNotReady"})
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event about the QwenDeployment: `kubectl describe qwd` and `kubectl get events`."""
+
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+def events(previous: dict[str, Any] | None, current: dict[str, Any]) -> list[Event]:
+    """The Events a status change is worth: every change of a condition that had a status, and a
+    condition that appears in a bad state (a Warning; not being Ready while a rollout starts the pods
+    is Normal). A condition's first good value (the nine
+    conditions of a new QwenDeployment that is fine) is in the status only: a burst of new
+    QwenDeployments would otherwise post about ten Events each before anything happened. Unknown is
+    never posted."""
+    had = {c["type"] for c in (previous or {}).get("conditions", []) if c.get("status") != "Unknown"}
+    rolling = any(c["type"] == "Progressing" and c["status"] == "True" for c in current["conditions"])
+    out = []
+    for cond in transitions(previous, current):
+        if cond["status"] == "Unknown":
+            continue
+        good = (cond["status"] == "True") != (cond["type"] == "Progressing")
+        # not ready because engines or gateways are still starting, during a rollout: no Warning
+        waiting = rolling and cond["type"] == "Ready" and cond["reason"] in WAITING_REASONS
+        kind = "Normal" if good or waiting or cond["type"] == "Progressing" else "Warning"
+        if kind == "Normal" and cond["type"] not in had:
+            continue
+        out.append(Event(kind, cond["reason"], f"{cond['type']}={cond['status']}: {cond['message']}"))
+    return out

@@ -16,10 +16,8 @@ mkdir -p "$OUT.tmp"
 cd "$HERE"
 step "downloading Go modules for Kubernetes $K8S"
 go mod download
-for cmd in kubelet kube-proxy; do
-  step "compiling $cmd"
-  go build -trimpath -ldflags "$LDF" -o "$OUT.tmp/$cmd" "k8s.io/kubernetes/cmd/$cmd"
-done
+step "compiling kubelet and kube-proxy"
+go build -trimpath -ldflags "$LDF" -o "$OUT.tmp/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
 printf 'kubernetes %s\n' "$K8S" > "$OUT.tmp/MANIFEST"
 rm -rf "$OUT"; mv "$OUT.tmp" "$OUT"
 step "done: $OUT"

@@ -15,10 +15,11 @@ export CGO_ENABLED=0 GOFLAGS=-mod=mod
 cd "$HERE"
 step "downloading Go modules for Kubernetes $K8S"
 go mod download
-for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
-  step "compiling $cmd (first build: 10-20 minutes each on 2 cores, then cached)"
-  go build -trimpath -ldflags "$LDF" -o "$OUT.tmp/$cmd" "k8s.io/kubernetes/cmd/$cmd"
-done
+# One `go build` for the four: it compiles their shared packages once, keeps both cores busy through
+# each program's last packages, and links one program while compiling the next.
+step "compiling kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (first build: 15-25 minutes on 2 cores, then cached)"
+go build -trimpath -ldflags "$LDF" -o "$OUT.tmp/" k8s.io/kubernetes/cmd/kube-apiserver \
+  k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
 step "compiling etcd"
 go build -trimpath -ldflags "-s -w" -o "$OUT.tmp/etcd" go.etcd.io/etcd/server/v3
 step "compiling kwok $KWOK"

@@ -1,0 +1,162 @@
+"""`make setup`'s steps, in two lanes that run side by side, each step cached by the tool it runs.
+
+From nothing, setup is about an hour of work on 2 cores, and it is of two kinds. Compiling Kubernetes
+(the control plane, kubelet, kube-proxy, containerd, CoreDNS) keeps both cores busy for half of it;
+the other half mostly waits on the network and the disk (the vLLM venv's 3.5 GB of wheels,
+debootstrap, apt-get inside the image builds, writing 6 GB image archives), with Go builds of the
+smaller programs in between. Run one after the other, the cores idle through the waiting; side by
+side, the waiting hides under the compiling. Warm, every step is a no-op of a second or two.
+
+    lane "cluster": devcluster build --real-node
+    lane "images":  vllm_env; images operator, gateway, engine-cpu; exporters; monitoring stack
+
+The lanes share nothing a step writes (the Go module and build caches are safe for concurrent use,
+podman's store locks itself). Each output line is prefixed with its lane; every step's time and both
+lanes' totals are printed at the end. When a step fails, the other lane is stopped (its step's
+partial output is in a `.tmp` directory that the next run replaces) and setup fails with that step's
+name and exit status.
+
+    python -m qwen_devtools.provision            # both lanes (what `make setup` runs)
+    python -m qwen_devtools.provision --serial   # one step at a time, in lane order
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .procs import stop_group
+
+DEVTOOLS = [sys.executable, "-m"]
+
+#: Each lane's steps in order: (what, argv). Later steps of a lane may need earlier ones (the engine
+#: image copies the vLLM venv; the exporters' images hold the exporters built just before).
+LANES: dict[str, tuple[tuple[str, list[str]], ...]] = {
+    "cluster": (
+        (
+            "Kubernetes, kwok, helm, the real node",
+            [*DEVTOOLS, "qwen_devtools.devcluster", "build", "--real-node"],
+        ),
+    ),
+    "images": (
+        ("vLLM CPU venv", [*DEVTOOLS, "qwen_devtools.vllm_env"]),
+        (
+            "operator, gateway and engine images",
+            [*DEVTOOLS, "qwen_devtools.images", "build", "operator", "gateway", "engine-cpu"],
+        ),
+        ("the gateway's exporters", [*DEVTOOLS, "qwen_devtools.realparts.exporters"]),
+        (
+            "the exporters' images",
+            [*DEVTOOLS, "qwen_devtools.images", "build", "nginxlog-exporter", "nginx-exporter"],
+        ),
+        ("monitoring stack: CRDs, programs, images", [*DEVTOOLS, "qwen_devtools.monitoringstack", "build"]),
+    ),
+}
+
+
+@dataclass
+class Lane:
+    """One lane's steps, run in order in a thread; the first failure ends the lane."""
+
+    name: str
+    steps: tuple[tuple[str, list[str]], ...]
+    width: int
+    output: threading.Lock
+    stopping: threading.Event
+    timings: list[tuple[str, float]] = field(default_factory=list)
+    failed: str | None = None
+    current: subprocess.Popen[bytes] | None = None
+
+    def say(self, line: str) -> None:
+        with self.output:
+            print(f"{self.name:<{self.width}} | {line}", flush=True)
+
+    def run(self) -> None:
+        for what, argv in self.steps:
+            if self.stopping.is_set():
+                return
+            started = time.monotonic()
+            self.say(f"[setup] {what}")
+            code = self._step(argv)
+            took = time.monotonic() - started
+            self.timings.append((what, took))
+            if code != 0:
+                if not self.stopping.is_set():
+                    self.failed = f"{what}: `{' '.join(argv[2:])}` exited with status {code}"
+                    self.stopping.set()
+                return
+            self.say(f"[setup] {what}: done ({took:.0f} s)")
+
+    def _step(self, argv: list[str]) -> int:
+        popen = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.current = popen
+        assert popen.stdout is not None
+        for raw in popen.stdout:
+            self.say(raw.decode(errors="replace").rstrip())
+        return popen.wait()
+
+    def stop(self) -> None:
+        if self.current is not None:
+            stop_group(self.current, timeout=30)
+
+
+def run(lanes: dict[str, tuple[tuple[str, list[str]], ...]], serial: bool = False) -> int:
+    """Run the lanes (side by side, or one step at a time); 0 when every step succeeded."""
+    started = time.monotonic()
+    output, stopping = threading.Lock(), threading.Event()
+    width = max(map(len, lanes))
+    runners = [Lane(name, steps, width, output, stopping) for name, steps in lanes.items()]
+    threads = [threading.Thread(target=lane.run, name=lane.name, daemon=True) for lane in runners]
+    try:
+        for thread in threads:
+            thread.start()
+            if serial:
+                thread.join()
+        while any(thread.is_alive() for thread in threads):
+            if stopping.is_set():
+                for lane in runners:
+                    lane.stop()
+            for thread in threads:
+                thread.join(0.5)
+    finally:  # Ctrl-C or SIGTERM (a CI timeout): the steps run in sessions of their own, stop them
+        if any(thread.is_alive() for thread in threads):
+            stopping.set()
+            for lane in runners:
+                lane.stop()
+    total = time.monotonic() - started
+    print(
+        f"[setup] {'one step at a time' if serial else 'two lanes side by side'}: {total:.0f} s", flush=True
+    )
+    for lane in runners:
+        spent = sum(took for _, took in lane.timings)
+        steps = "; ".join(f"{what} {took:.0f} s" for what, took in lane.timings)
+        print(f"[setup]   {lane.name}: {spent:.0f} s ({steps})", flush=True)
+    failures = [lane.failed for lane in runners if lane.failed]
+    for failure in failures:
+        print(
+            f"[setup] FAILED: {failure} (its output is above, lines prefixed with its lane)", file=sys.stderr
+        )
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m qwen_devtools.provision",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--serial", action="store_true", help="one step at a time, in lane order")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through run's cleanup
+    return run(LANES, serial=args.serial)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

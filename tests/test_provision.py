@@ -1,0 +1,98 @@
+"""`make setup`'s two lanes (qwen_devtools.provision): what they build, and how they run and fail.
+
+The lanes' real steps take an hour from nothing; here the runner is driven with small real processes
+(Python one-liners), and the lanes' contents are checked against the images and tools they must cover.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from qwen_devtools import monitoringstack, provision
+from qwen_devtools.images import NAMES
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def steps_of(module: str) -> list[list[str]]:
+    return [argv[2:] for steps in provision.LANES.values() for _, argv in steps if argv[2] == module]
+
+
+def test_the_lanes_build_every_image_once() -> None:
+    built = [name for argv in steps_of("qwen_devtools.images") for name in argv[2:]]
+    built += list(monitoringstack.IMAGES)  # `monitoringstack build` builds its own four
+    assert sorted(built) == sorted(NAMES)
+
+
+def test_the_lanes_run_every_setup_tool_and_the_engine_image_after_the_vllm_venv() -> None:
+    modules = [argv[2] for steps in provision.LANES.values() for _, argv in steps]
+    assert sorted(modules) == sorted(
+        [
+            "qwen_devtools.devcluster",
+            "qwen_devtools.vllm_env",
+            "qwen_devtools.images",
+            "qwen_devtools.realparts.exporters",
+            "qwen_devtools.images",
+            "qwen_devtools.monitoringstack",
+        ]
+    )
+    assert steps_of("qwen_devtools.devcluster") == [["qwen_devtools.devcluster", "build", "--real-node"]]
+    lane = [argv[2:] for _, argv in provision.LANES["images"]]
+    engine = next(i for i, argv in enumerate(lane) if "engine-cpu" in argv)
+    exporter_images = next(i for i, argv in enumerate(lane) if "nginx-exporter" in argv)
+    assert lane.index(["qwen_devtools.vllm_env"]) < engine  # the engine image copies the venv
+    # the exporters' images hold the programs built by the step before them
+    assert lane.index(["qwen_devtools.realparts.exporters"]) < exporter_images
+
+
+def test_lanes_run_side_by_side_with_prefixed_output_and_timings(capsys: pytest.CaptureFixture[str]) -> None:
+    lanes = {
+        "a": (("first", python("import time; time.sleep(1.5); print('one')")),),
+        "bb": (
+            ("second", python("import time; time.sleep(1.5); print('two')")),
+            ("third", python("print('three')")),
+        ),
+    }
+    started = time.monotonic()
+    assert provision.run(lanes) == 0
+    took = time.monotonic() - started
+    out = capsys.readouterr().out
+    assert took < 2.9, f"two 1.5 s steps side by side took {took:.1f} s"
+    assert "a  | one" in out and "bb | two" in out and "bb | three" in out
+    assert "[setup] two lanes side by side:" in out
+    assert "[setup]   bb: " in out and "second " in out and "third " in out
+
+
+def test_serial_runs_one_step_at_a_time(capsys: pytest.CaptureFixture[str]) -> None:
+    lanes = {
+        "a": (("first", python("import time; time.sleep(1); print('one')")),),
+        "b": (("second", python("import time; time.sleep(1); print('two')")),),
+    }
+    started = time.monotonic()
+    assert provision.run(lanes, serial=True) == 0
+    assert time.monotonic() - started >= 2.0
+    out = capsys.readouterr().out
+    assert out.index("a | one") < out.index("b | two")
+
+
+def test_a_failed_step_stops_the_other_lane_and_names_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    lanes = {
+        "slow": (
+            ("long build", python("import time; time.sleep(60)")),
+            ("never started", python("print('must not run')")),
+        ),
+        "quick": (("broken step", python("import sys; print('boom'); sys.exit(3)")),),
+    }
+    started = time.monotonic()
+    assert provision.run(lanes) == 1
+    assert time.monotonic() - started < 30, "the other lane's step was not stopped"
+    captured = capsys.readouterr()
+    assert "quick | boom" in captured.out
+    assert "must not run" not in captured.out
+    assert "[setup] FAILED: broken step:" in captured.err and "exited with status 3" in captured.err
+    assert "long build" not in captured.err  # the stopped step is not reported as a failure

@@ -41,7 +41,7 @@ e2e: setup ## operator end to end on the dev cluster
 	QWEN_REQUIRE_REAL_PARTS=1 $(VENV)/bin/pytest e2e -m "not bench" $(PYTEST_ARGS)
 
 test: setup lint verify ## everything CI runs: lint, drift checks, unit, real-process and e2e tests
-	QWEN_REQUIRE_REAL_PARTS=1 $(VENV)/bin/pytest tests e2e -m "not bench" --durations=25 $(PYTEST_ARGS)
+	QWEN_REQUIRE_REAL_PARTS=1 $(PY) -m qwen_devtools.testlanes $(PYTEST_ARGS)
 
 demo: setup ## dev cluster with GPU pools, operator installed with the chart, an example QwenDeployment
 	$(PY) -m qwen_devtools.demo up

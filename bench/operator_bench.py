@@ -435,7 +435,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     sweep = [10, 100] if args.quick else [10, 100, 1000]
-    burst, window = (20, RESYNC_SECONDS * 1.5) if args.quick else (200, RESYNC_SECONDS * 2.5)
+    burst, window = (20, RESYNC_SECONDS * 1.5) if args.quick else (200, RESYNC_SECONDS * 2.0)
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="operator-bench-"))
     notes = [

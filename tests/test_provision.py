@@ -6,6 +6,7 @@ The lanes' real steps take an hour from nothing; here the runner is driven with 
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 
@@ -13,6 +14,7 @@ import pytest
 
 from qwen_devtools import monitoringstack, provision
 from qwen_devtools.images import NAMES
+from qwen_devtools.repo import REPO
 
 
 def python(code: str) -> list[str]:
@@ -64,7 +66,7 @@ def test_lanes_run_side_by_side_with_prefixed_output_and_timings(capsys: pytest.
     out = capsys.readouterr().out
     assert took < 2.9, f"two 1.5 s steps side by side took {took:.1f} s"
     assert "a  | one" in out and "bb | two" in out and "bb | three" in out
-    assert "[setup] two lanes side by side:" in out
+    assert "[setup] 2 lanes side by side:" in out
     assert "[setup]   bb: " in out and "second " in out and "third " in out
 
 
@@ -96,3 +98,43 @@ def test_a_failed_step_stops_the_other_lane_and_names_itself(capsys: pytest.Capt
     assert "must not run" not in captured.out
     assert "[setup] FAILED: broken step:" in captured.err and "exited with status 3" in captured.err
     assert "long build" not in captured.err  # the stopped step is not reported as a failure
+
+
+def test_without_fail_fast_every_lane_runs_to_its_end_and_listed_statuses_pass(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lanes = {
+        "a": (("fails", python("import sys; sys.exit(1)")),),
+        "b": (
+            ("selects nothing", python("import time, sys; time.sleep(1); sys.exit(5)")),
+            ("after it", python("print('ran')")),
+        ),
+    }
+    assert provision.run(lanes, fail_fast=False, also_ok=frozenset({5}), what="tests") == 1
+    captured = capsys.readouterr()
+    assert "b | ran" in captured.out
+    assert "[tests] FAILED: fails:" in captured.err and "selects nothing" not in captured.err
+
+
+def test_the_test_lanes_split_the_suite_by_marker_and_together_select_all_of_it() -> None:
+    from qwen_devtools import testlanes
+
+    lanes = testlanes.lanes(["-x"])
+    ((_, engines),) = lanes["engines"]
+    ((_, others),) = lanes["others"]
+    assert engines[-2:] == ["-m", "(engine or real_node) and not bench"]
+    assert others[-2:] == ["-m", "not (engine or real_node) and not bench"]
+    assert engines[2:6] == others[2:6] == ["pytest", "tests", "e2e", "--durations=15"]
+    assert "-x" in engines and "-x" in others
+
+    def collected(marks: str) -> set[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "tests", "e2e", "--collect-only", "-q", "-m", marks],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        return {line for line in done.stdout.splitlines() if "::" in line}
+
+    every, one, other = collected("not bench"), collected(engines[-1]), collected(others[-1])
+    assert one and other and not one & other
+    assert one | other == every
+    assert any("test_real_serving" in t for t in one) and any("test_crd" in t for t in other)

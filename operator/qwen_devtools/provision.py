@@ -33,10 +33,11 @@ from dataclasses import dataclass, field
 from .procs import stop_group
 
 DEVTOOLS = [sys.executable, "-m"]
+Steps = tuple[tuple[str, list[str]], ...]
 
 #: Each lane's steps in order: (what, argv). Later steps of a lane may need earlier ones (the engine
 #: image copies the vLLM venv; the exporters' images hold the exporters built just before).
-LANES: dict[str, tuple[tuple[str, list[str]], ...]] = {
+LANES: dict[str, Steps] = {
     "cluster": (
         (
             "Kubernetes, kwok, helm, the real node",
@@ -64,10 +65,14 @@ class Lane:
     """One lane's steps, run in order in a thread; the first failure ends the lane."""
 
     name: str
-    steps: tuple[tuple[str, list[str]], ...]
+    steps: Steps
     width: int
     output: threading.Lock
     stopping: threading.Event
+    #: Stop the other lanes when a step fails (setup); False lets them finish (tests).
+    fail_fast: bool = True
+    #: Exit statuses that count as success besides 0 (pytest's 5: this lane selected no test).
+    also_ok: frozenset[int] = frozenset()
     timings: list[tuple[str, float]] = field(default_factory=list)
     failed: str | None = None
     current: subprocess.Popen[bytes] | None = None
@@ -81,16 +86,17 @@ class Lane:
             if self.stopping.is_set():
                 return
             started = time.monotonic()
-            self.say(f"[setup] {what}")
+            self.say(f"[{self.name}] {what}")
             code = self._step(argv)
             took = time.monotonic() - started
             self.timings.append((what, took))
-            if code != 0:
+            if code != 0 and code not in self.also_ok:
                 if not self.stopping.is_set():
                     self.failed = f"{what}: `{' '.join(argv[2:])}` exited with status {code}"
-                    self.stopping.set()
+                    if self.fail_fast:
+                        self.stopping.set()
                 return
-            self.say(f"[setup] {what}: done ({took:.0f} s)")
+            self.say(f"[{self.name}] {what}: done ({took:.0f} s)")
 
     def _step(self, argv: list[str]) -> int:
         popen = subprocess.Popen(
@@ -107,12 +113,21 @@ class Lane:
             stop_group(self.current, timeout=30)
 
 
-def run(lanes: dict[str, tuple[tuple[str, list[str]], ...]], serial: bool = False) -> int:
-    """Run the lanes (side by side, or one step at a time); 0 when every step succeeded."""
+def run(
+    lanes: dict[str, Steps],
+    serial: bool = False,
+    fail_fast: bool = True,
+    also_ok: frozenset[int] = frozenset(),
+    what: str = "setup",
+) -> int:
+    """Run the lanes (side by side, or one step at a time); 0 when every step succeeded. A failed
+    step ends its lane, and with ``fail_fast`` the other lanes too."""
     started = time.monotonic()
     output, stopping = threading.Lock(), threading.Event()
     width = max(map(len, lanes))
-    runners = [Lane(name, steps, width, output, stopping) for name, steps in lanes.items()]
+    runners = [
+        Lane(name, steps, width, output, stopping, fail_fast, also_ok) for name, steps in lanes.items()
+    ]
     threads = [threading.Thread(target=lane.run, name=lane.name, daemon=True) for lane in runners]
     try:
         for thread in threads:
@@ -131,17 +146,16 @@ def run(lanes: dict[str, tuple[tuple[str, list[str]], ...]], serial: bool = Fals
             for lane in runners:
                 lane.stop()
     total = time.monotonic() - started
-    print(
-        f"[setup] {'one step at a time' if serial else 'two lanes side by side'}: {total:.0f} s", flush=True
-    )
+    how = "one step at a time" if serial else f"{len(runners)} lanes side by side"
+    print(f"[{what}] {how}: {total:.0f} s", flush=True)
     for lane in runners:
         spent = sum(took for _, took in lane.timings)
-        steps = "; ".join(f"{what} {took:.0f} s" for what, took in lane.timings)
-        print(f"[setup]   {lane.name}: {spent:.0f} s ({steps})", flush=True)
+        steps = "; ".join(f"{step} {took:.0f} s" for step, took in lane.timings)
+        print(f"[{what}]   {lane.name}: {spent:.0f} s ({steps})", flush=True)
     failures = [lane.failed for lane in runners if lane.failed]
     for failure in failures:
         print(
-            f"[setup] FAILED: {failure} (its output is above, lines prefixed with its lane)", file=sys.stderr
+            f"[{what}] FAILED: {failure} (its output is above, lines prefixed with its lane)", file=sys.stderr
         )
     return 1 if failures else 0
 

@@ -552,10 +552,9 @@ class Event:
 def events(previous: dict[str, Any] | None, current: dict[str, Any]) -> list[Event]:
     """The Events a status change is worth: every change of a condition that had a status, and a
     condition that appears in a bad state (a Warning; not being Ready while a rollout starts the pods
-    is Normal). A condition's first good value (the nine
-    conditions of a new QwenDeployment that is fine) is in the status only: a burst of new
-    QwenDeployments would otherwise post about ten Events each before anything happened. Unknown is
-    never posted."""
+    is Normal). A condition's first good value (the conditions of a new QwenDeployment that is fine)
+    is in the status only: a burst of new QwenDeployments would otherwise post about ten Events each
+    before anything happened. Unknown is never posted."""
     had = {c["type"] for c in (previous or {}).get("conditions", []) if c.get("status") != "Unknown"}
     rolling = any(c["type"] == "Progressing" and c["status"] == "True" for c in current["conditions"])
     out = []

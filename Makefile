@@ -5,7 +5,6 @@ PY := $(VENV)/bin/python
 # The one cache of the dev tooling (qwen_devtools/cache.py); exported so that every recipe uses it.
 CACHE ?= $(shell python3 operator/qwen_devtools/cache.py)
 export QWEN_OPERATOR_CACHE := $(CACHE)
-DEVCLUSTER := $(PY) -m qwen_devtools.devcluster
 PYTEST_ARGS ?=
 
 .PHONY: help setup test unit e2e lint generate verify demo demo-down bench bench-quick clean

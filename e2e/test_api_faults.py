@@ -307,7 +307,10 @@ def test_conflicts_are_retried_with_growing_intervals(
     scheduled, synced = fault_during_update(cluster, faulty, "conflict", Reply(409), seconds=10)
     assert synced["reason"] == "Conflict", synced
     assert "retrying in 1 s" in synced["message"], synced
-    assert scheduled[:4] == [1, 2, 4, 8], f"not doubling from 1 s: {scheduled}"
+    # Three failed attempts fit the 10 s fault (the third starts after 3 s of backoff); whether the
+    # fourth, after 4 s more, still fails depends on how long the attempts took on a busy machine.
+    assert len(scheduled) >= 3, scheduled
+    assert scheduled == [2**i for i in range(len(scheduled))], f"not doubling from 1 s: {scheduled}"
 
 
 def test_throttling_waits_for_retry_after(cluster: Any, start_operator: Callable[..., Faulty]) -> None:

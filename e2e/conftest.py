@@ -71,7 +71,7 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[devcluster.Cluster]:
     try:
         with _build_output_shown(pytestconfig):
             handle = devcluster.up(name)
-    except (procs.ComponentError, build.BuildError) as error:
+    except (procs.ComponentError, build.BuildError, devcluster.StartedElsewhere) as error:
         pytest.fail(f"dev cluster {name!r} did not start: {error}", pytrace=False)
     yield handle
     if not was_up and os.environ.get("QWEN_E2E_KEEP") != "1":

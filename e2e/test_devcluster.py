@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from qwen_devtools.devcluster import cluster as devcluster
 from qwen_devtools.devcluster.cluster import Cluster
+from qwen_devtools.devcluster.state import State
+from qwen_devtools.repo import REPO
 from qwen_devtools.wait import wait_until
 from qwen_operator.versions import KUBERNETES
 
@@ -55,6 +59,26 @@ def _condition(pod: client.V1Pod, kind: str) -> client.V1PodCondition | None:
 def test_server_reports_pinned_version(cluster: Cluster, api_client: client.ApiClient) -> None:
     assert client.VersionApi(api_client).get_code().git_version == KUBERNETES
     assert f"Server Version: {KUBERNETES}" in cluster.kubectl("version").stdout
+
+
+def test_up_refuses_a_cluster_another_checkout_started(cluster: Cluster) -> None:
+    """`up` of a running cluster whose state names another checkout raises instead of reporting it:
+    that checkout holds its kubeconfig, and its tests may be using (and will stop) the cluster."""
+    state = State.load(cluster.name) if cluster.name else None
+    if state is None or cluster.name is None:
+        pytest.skip("an external cluster (QWEN_E2E_KUBECONFIG): no dev-cluster state to check")
+    assert state.checkout == str(REPO), state
+    assert devcluster.up(cluster.name).kubeconfig == cluster.kubeconfig  # this checkout's: reported
+    elsewhere = dataclasses.replace(state, checkout="/elsewhere/qwen-operator")
+    elsewhere.save()
+    try:
+        with pytest.raises(
+            devcluster.StartedElsewhere, match="another checkout \\(/elsewhere/qwen-operator\\)"
+        ):
+            devcluster.up(cluster.name)
+    finally:
+        state.save()
+    assert devcluster.is_up(cluster.name)
 
 
 def test_rbac_denies_service_account_without_permissions(

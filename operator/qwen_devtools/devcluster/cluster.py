@@ -110,16 +110,30 @@ def is_up(name: str) -> bool:
     return state is not None and healthy(state)
 
 
+class StartedElsewhere(ValueError):
+    """The cluster runs, but another checkout started it (and holds its kubeconfig and test state)."""
+
+    def __init__(self, name: str, checkout: str) -> None:
+        super().__init__(
+            f"cluster {name!r} is up, started from another checkout ({checkout}), which may be using it;"
+            f" stop it first (`python -m qwen_devtools.devcluster down --name {name}`) or use another name"
+        )
+        self.checkout = checkout
+
+
 def up(name: str = "dev", real_node: bool = False) -> Cluster:
     """Start dev cluster ``name`` (building binaries if needed), or report it if it already runs.
 
     ``real_node`` adds this machine's real node (see realnode.py), where pods really run; before
     anything is touched it raises realnode.RealNodeBusy while another cluster holds it, and
-    realnode.RealNodeError when this machine cannot run it.
+    realnode.RealNodeError when this machine cannot run it; StartedElsewhere when it runs, started
+    from another checkout of the project.
     """
     check_name(name)
     existing = State.load(name)
     if existing and healthy(existing):
+        if existing.checkout and existing.checkout != str(REPO):
+            raise StartedElsewhere(name, existing.checkout)
         if real_node and not existing.real_node:
             raise ValueError(
                 f"cluster {name!r} is up without a real node; stop it first (down --name {name})"
@@ -177,7 +191,9 @@ def _prepare(name: str, real_node: bool) -> State:
         address = network.BRIDGE_ADDRESS if real_node else components.advertise_address()
         bind = network.BRIDGE_ADDRESS if real_node else "127.0.0.1"
         executables = {c: os.path.realpath(build.binary(c)) for c in components.ORDER}
-        state = State(name, ports, address, executables, bind_address=bind, real_node=real_node)
+        state = State(
+            name, ports, address, executables, bind_address=bind, real_node=real_node, checkout=str(REPO)
+        )
         state.save()
         keys = pki.generate(directory / "pki", [address], kubelet_client=real_node)
         server = f"https://{bind}:{ports['kube-apiserver']}"

@@ -31,6 +31,8 @@ class State:
     #: The apiserver's address: 127.0.0.1, or the bridge's with a real node.
     bind_address: str = "127.0.0.1"
     real_node: bool = False
+    #: The checkout that started it: its `.devcluster/<name>/` holds the kubeconfig the tests read.
+    checkout: str = ""
 
     @property
     def dir(self) -> Path:

@@ -16,8 +16,9 @@ operator's own reconcile counter is only the denominator of "per reconcile".
 3. Steady state at 50 and 250 QwenDeployments (1,000 nodes), then the operator's RSS at 50 and 250
    (`--rss-crs 500`: and at 500, outside make bench's budget).
 
-`--baseline COMMIT` measures part 1 (and 50 QwenDeployments) with the operator of an older commit too,
-from a git worktree (the before/after table of the watch caches, issue 14).
+`--baseline COMMIT` measures part 1, then 50 QwenDeployments on the pool's first size, with the
+operator of an older commit too, from a git worktree (the before/after table of the watch caches, issue
+14); `--baseline-only` measures only that.
 
 Not a pass/fail test. Usage: .venv/bin/python bench/operator_bench.py [--quick] [--json FILE]
 """
@@ -41,7 +42,7 @@ import yaml
 from kubernetes import client
 
 from qwen_devtools.devcluster import cluster as devcluster
-from qwen_devtools.devcluster.nodes import POOLS, node_body, wait_ready
+from qwen_devtools.devcluster.nodes import POOL_LABEL, POOLS, node_body, wait_ready
 from qwen_devtools.operator_proc import (
     OPERATOR_USER,
     READ_VERBS,
@@ -63,7 +64,7 @@ FACTS = ClusterFacts(missing_crds=frozenset(k.crd for k in optional() if k.crd))
 CLUSTER = "bench-operator"
 EXAMPLE = REPO / "examples" / "a100-80gb-tp2-bf16.yaml"
 POOL = next(p for p in POOLS if p.name == "a100-80gb")
-RESYNC_SECONDS = 15.0
+RESYNC_SECONDS = 10.0
 CONCURRENCY = 4  # kopf's workers (handlers.configure: max_workers)
 
 
@@ -134,9 +135,12 @@ def add_nodes(api: client.ApiClient, first: int, last: int) -> None:
     wait_ready(core, [f"{POOL.name}-{i}" for i in range(first, last)], timeout=600)
 
 
-def statuses_written(cluster: devcluster.Cluster, namespace: str, count: int) -> bool:
-    out = cluster.kubectl("-n", namespace, "get", "qwd", "-o", "json", timeout=120)
-    items = json.loads(out.stdout)["items"]
+def statuses_written(api: client.ApiClient, namespace: str, count: int) -> bool:
+    """`count` QwenDeployments in `namespace`, each with Synced=True for its first generation. Read in
+    this process (a kubectl run per poll would take CPU from the operator it measures, on 2 cores)."""
+    items = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        "inference.qwenops.dev", "v1alpha1", namespace, "qwendeployments", _request_timeout=120
+    )["items"]
     synced = [
         i
         for i in items
@@ -326,14 +330,37 @@ def bench_cluster() -> Iterator[tuple[devcluster.Cluster, client.ApiClient, Audi
         devcluster.down(CLUSTER)
 
 
+def remove_nodes(api: client.ApiClient, first: int, last: int, keep: int) -> None:
+    """Delete the simulated nodes `first` to `last - 1` that add_nodes created, until `keep` remain."""
+    core = client.CoreV1Api(api)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: core.delete_node(f"{POOL.name}-{i}"), range(first, last)))
+    wait_until(
+        lambda: len(core.list_node(label_selector=f"{POOL_LABEL}={POOL.name}").items) == keep,
+        300,
+        "the added nodes to go",
+        interval=2,
+    )
+
+
 def measure_baseline(commit: str, sweep: list[int], window: float, work: Path) -> list[dict[str, Any]]:
-    """Part 1 with the operator of `commit`, on a cluster of its own."""
+    """Part 1 with the operator of `commit`, on a cluster of its own; then 50 QwenDeployments with the
+    pool back at its first size (at 1,000 nodes the old operator reads per node: 50 of them would take
+    the whole window for one resync)."""
     with worktree(commit) as tree, bench_cluster() as (cluster, api, audit):
         log(f"\nBaseline: the operator of {commit}")
         base = Run(cluster, audit, "baseline", tree, work)
         base.operator.start()
         try:
             measure_nodes(base, api, sweep, window)
+            if sweep[-1] > sweep[0]:
+                log(f"  removing the {sweep[-1] - sweep[0]} added GPU nodes")
+                remove_nodes(api, 100 + sweep[0], 100 + sweep[-1], keep=sweep[0])
+            ns50 = "fifty"
+            ensure_namespace(cluster, ns50)
+            apply_all(cluster, [cr(ns50, f"qwd-{i:03d}") for i in range(49)])
+            wait_until(lambda: statuses_written(api, ns50, 49), 900, "50 statuses", interval=2)
+            base.steady("steady state", 50, sweep[0], window)
         finally:
             base.operator.stop()
         return base.rows
@@ -354,7 +381,7 @@ def measure_current(
             ns50 = "fifty"
             ensure_namespace(cluster, ns50)
             apply_all(cluster, [cr(ns50, f"qwd-{i:03d}") for i in range(49)])
-            wait_until(lambda: statuses_written(cluster, ns50, 49), 600, "50 statuses", interval=2)
+            wait_until(lambda: statuses_written(api, ns50, 49), 600, "50 statuses", interval=2)
             run.steady("steady state", 50, nodes, window)
             rss50 = rss_mib(run.operator)
             rows.append(burst_row(cluster, api, audit, burst, nodes))
@@ -364,7 +391,7 @@ def measure_current(
                 ns500 = "five-hundred"
                 ensure_namespace(cluster, ns500)
                 apply_all(cluster, [cr(ns500, f"qwd-{i:03d}") for i in range(more)])
-                wait_until(lambda: statuses_written(cluster, ns500, more), 900, "the statuses", interval=3)
+                wait_until(lambda: statuses_written(api, ns500, more), 900, "the statuses", interval=3)
                 run.settle()
             total = 50 + burst + max(0, more)
             rss = rss_mib(run.operator)
@@ -390,7 +417,8 @@ def burst_row(
     since, t0 = time.time(), time.monotonic()
     apply_all(cluster, bodies)
     wait_until(
-        lambda: statuses_written(cluster, ns, burst) and children_exist(cluster, ns, expected),
+        # children_exist (a kubectl run) only once every status is written, which comes after the writes
+        lambda: statuses_written(api, ns, burst) and children_exist(cluster, ns, expected),
         900,
         "the burst to converge",
         interval=1,
@@ -426,7 +454,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke: 10 and 100 nodes, bursts of 20")
     parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--baseline", help="also measure the operator of this commit (part 1)")
+    parser.add_argument("--baseline", help="also measure the operator of this commit (part 1, 50 CRs)")
+    parser.add_argument("--baseline-only", action="store_true", help="with --baseline: only the baseline")
     parser.add_argument(
         "--rss-crs",
         type=int,
@@ -443,7 +472,8 @@ def main() -> None:
         f"request counts from the apiserver's audit log; resync every {RESYNC_SECONDS:.0f} s",
     ]
     rows = measure_baseline(args.baseline, sweep, window, work) if args.baseline else []
-    rows += measure_current(sweep, window, burst, args.rss_crs, work)
+    if not args.baseline_only:
+        rows += measure_current(sweep, window, burst, args.rss_crs, work)
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps(suite_json(rows, notes, time.monotonic() - started), indent=1))

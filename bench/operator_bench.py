@@ -103,6 +103,7 @@ class Audit:
         return Counter(
             f"{e['verb']} {e['objectRef'].get('resource', '?')}"
             + (f"/{e['objectRef']['subresource']}" if e["objectRef"].get("subresource") else "")
+            + (" (kopf)" if e.get("userAgent", "").startswith("kopf/") else "")  # else the reconciler's
             for e in self.events
             if e["verb"] in verbs and since <= e["time"] < until
         )

@@ -139,9 +139,10 @@ def add_nodes(api: client.ApiClient, first: int, last: int) -> None:
 def statuses_written(api: client.ApiClient, namespace: str, count: int) -> bool:
     """`count` QwenDeployments in `namespace`, each with Synced=True for its first generation. Read in
     this process (a kubectl run per poll would take CPU from the operator it measures, on 2 cores)."""
-    items = client.CustomObjectsApi(api).list_namespaced_custom_object(
+    page: dict[str, Any] = client.CustomObjectsApi(api).list_namespaced_custom_object(  # type: ignore[assignment]
         "inference.qwenops.dev", "v1alpha1", namespace, "qwendeployments", _request_timeout=120
-    )["items"]
+    )
+    items = page["items"]
     synced = [
         i
         for i in items
@@ -331,6 +332,13 @@ def bench_cluster() -> Iterator[tuple[devcluster.Cluster, client.ApiClient, Audi
         devcluster.down(CLUSTER)
 
 
+def add_crs(cluster: devcluster.Cluster, api: client.ApiClient, namespace: str, count: int) -> None:
+    """`count` QwenDeployments in a new `namespace`, in one apply; returns once every status is written."""
+    ensure_namespace(cluster, namespace)
+    apply_all(cluster, [cr(namespace, f"qwd-{i:03d}") for i in range(count)])
+    wait_until(lambda: statuses_written(api, namespace, count), 900, f"{count} statuses", interval=2)
+
+
 def remove_nodes(api: client.ApiClient, first: int, last: int, keep: int) -> None:
     """Delete the simulated nodes `first` to `last - 1` that add_nodes created, until `keep` remain."""
     core = client.CoreV1Api(api)
@@ -357,10 +365,7 @@ def measure_baseline(commit: str, sweep: list[int], window: float, work: Path) -
             if sweep[-1] > sweep[0]:
                 log(f"  removing the {sweep[-1] - sweep[0]} added GPU nodes")
                 remove_nodes(api, 100 + sweep[0], 100 + sweep[-1], keep=sweep[0])
-            ns50 = "fifty"
-            ensure_namespace(cluster, ns50)
-            apply_all(cluster, [cr(ns50, f"qwd-{i:03d}") for i in range(49)])
-            wait_until(lambda: statuses_written(api, ns50, 49), 900, "50 statuses", interval=2)
+            add_crs(cluster, api, "fifty", 49)
             base.steady("steady state", 50, sweep[0], window)
         finally:
             base.operator.stop()
@@ -379,20 +384,14 @@ def measure_current(
         try:
             measure_nodes(run, api, sweep, window)
             nodes = sweep[-1]
-            ns50 = "fifty"
-            ensure_namespace(cluster, ns50)
-            apply_all(cluster, [cr(ns50, f"qwd-{i:03d}") for i in range(49)])
-            wait_until(lambda: statuses_written(api, ns50, 49), 600, "50 statuses", interval=2)
+            add_crs(cluster, api, "fifty", 49)
             run.steady("steady state", 50, nodes, window)
             rss50 = rss_mib(run.operator)
             rows.append(burst_row(cluster, api, audit, burst, nodes))
             run.steady("steady state", 50 + burst, nodes, window)
             more = rss_crs - 50 - burst
             if more > 0:
-                ns500 = "five-hundred"
-                ensure_namespace(cluster, ns500)
-                apply_all(cluster, [cr(ns500, f"qwd-{i:03d}") for i in range(more)])
-                wait_until(lambda: statuses_written(api, ns500, more), 900, "the statuses", interval=3)
+                add_crs(cluster, api, "five-hundred", more)
                 run.settle()
             total = 50 + burst + max(0, more)
             rss = rss_mib(run.operator)

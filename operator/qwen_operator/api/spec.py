@@ -702,14 +702,22 @@ class Gateway(Model):
         default=True, description="Deploy the gateway; off exposes only the engine Service."
     )
     replicas: int = Field(default=2, ge=1, le=100, description="Gateway pods.")
-    policy: Literal["cache_aware", "round_robin", "random", "power_of_two", "consistent_hash", "kv_aware"] = (
-        Field(
-            default="consistent_hash",
-            description="vllm-router routing policy. consistent_hash (default): the turns of a conversation "
-            "(its X-Session-Id, else its first user message) go to one engine, which has its prefix cached; "
-            "no extra work per request. cache_aware: prefix- and load-aware, but each request first costs "
-            "an extra call to an engine. round_robin, random, power_of_two: load only.",
-        )
+    policy: Literal[
+        "cache_aware",
+        "round_robin",
+        "random",
+        "power_of_two",
+        "consistent_hash",
+        "sticky_least_loaded",
+        "kv_aware",
+    ] = Field(
+        default="consistent_hash",
+        description="vllm-router routing policy. consistent_hash (default): the turns of a conversation "
+        "(its X-Session-Id, else its first user message) go to one engine, which has its prefix cached; "
+        "no extra work per request. sticky_least_loaded: the same stickiness, but a new conversation goes "
+        "to the engine holding the fewest (kept 2 h per gateway pod) instead of where its hash falls. "
+        "cache_aware: prefix- and load-aware, but each request first costs an extra call to an engine. "
+        "round_robin, random, power_of_two: load only.",
     )
     auth: Literal["apiKeys", "none"] = Field(
         default="apiKeys",

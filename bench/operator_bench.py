@@ -495,17 +495,14 @@ def main() -> None:
         "kwok nodes and pods are SIMULATED (no containers run); the control plane and the operator are real",
         f"request counts from the apiserver's audit log; resync every {RESYNC_SECONDS:.0f} s",
     ]
+    if args.rss_only and args.rss_crs <= 50:
+        parser.error("--rss-only needs --rss-crs above 50")
     if args.rss_only:
-        if args.rss_crs <= 50:
-            parser.error("--rss-only needs --rss-crs above 50")
         rows = measure_rss_only(args.rss_crs, work)
-        print_table(rows)
-        if args.json:
-            args.json.write_text(json.dumps(suite_json(rows, notes, time.monotonic() - started), indent=1))
-        return
-    rows = measure_baseline(args.baseline, sweep, window, work) if args.baseline else []
-    if not args.baseline_only:
-        rows += measure_current(sweep, window, burst, args.rss_crs, work)
+    else:
+        rows = measure_baseline(args.baseline, sweep, window, work) if args.baseline else []
+        if not args.baseline_only:
+            rows += measure_current(sweep, window, burst, args.rss_crs, work)
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps(suite_json(rows, notes, time.monotonic() - started), indent=1))

@@ -29,6 +29,7 @@ from qwen_devtools.operator_proc import (
 )
 from qwen_devtools.repo import REPO
 from qwen_devtools.wait import wait_until
+from qwen_operator.names import LABEL_PREFIX, MANAGED_BY
 
 pytestmark = pytest.mark.cluster
 
@@ -158,7 +159,7 @@ def test_objects_of_a_qwendeployment_that_does_not_exist_cost_no_read(
     children of a deleted one look like while the garbage collector removes them), edited five times:
     the informer hears every edit, and the operator reads nothing for it (it used to GET the
     QwenDeployment on every event: 163 GETs in 20 s in the operator bench, from the peer's objects)."""
-    labels = {"app.kubernetes.io/managed-by": "qwen-operator", "qwenops.dev/deployment": "ghost"}
+    labels = {"app.kubernetes.io/managed-by": MANAGED_BY, f"{LABEL_PREFIX}/deployment": "ghost"}
     body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ghost", "labels": labels}}
     cluster.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump(body))
     settle(cluster)

@@ -7,6 +7,7 @@ QWEN_REQUIRE_REAL_PARTS) while it is missing.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import subprocess
 import sys
@@ -36,6 +37,7 @@ TOOL_ENV = {
 }
 
 
+@functools.cache
 def vllm_venv() -> Path:
     """The venv's directory (it may not exist yet), named by the vLLM version and the constraints it was
     installed under: editing the pins makes a new venv."""

@@ -50,14 +50,8 @@ API_ERROR_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21) + (30,) * 19
 
 def on_child(namespace: str, owner: str) -> None:
     """A child or a pod of `owner` changed or vanished (an informer's event): reconcile the owner
-    (reverts hand edits, recreates deletions, follows pods becoming ready).
-
-    Only an owner kopf's watch has brought: the children of a deleted QwenDeployment (the garbage
-    collector is removing them) and objects that merely carry the labels would otherwise cost a GET
-    per event. A QwenDeployment the watch brings later is reconciled on that event."""
-    assert _queue is not None, "handlers.install() was not called"
-    if _queue.cluster.knows_qwendeployment(namespace, owner):
-        _trigger(namespace, owner)
+    (reverts hand edits, recreates deletions, follows pods becoming ready)."""
+    _trigger(namespace, owner)
 
 
 @kopf.on.startup()

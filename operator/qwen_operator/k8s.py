@@ -179,8 +179,11 @@ class Caches:
             informer.stop()
 
     def _child_event(self, _type: str, obj: Obj) -> None:
+        """Only for an owner kopf's watch has brought: the children of a deleted QwenDeployment (the
+        garbage collector is removing them) and objects that merely carry the labels would otherwise
+        cost a GET per event. A QwenDeployment the watch brings later is reconciled on that event."""
         for ns, owner in _owner(obj):
-            if self.on_change is not None:
+            if self.on_change is not None and self.qwd.get(ns, owner) is not None:
                 self.on_change(ns, owner)
 
     def _crd_event(self, type_: str, crd: Obj) -> None:
@@ -264,10 +267,6 @@ class Cluster:
         if self.caches is not None and (cached := self.caches.qwd.get(namespace, name)) is not None:
             return cached
         return self._get(f"{_qwd_collection(namespace)}/{name}")
-
-    def knows_qwendeployment(self, namespace: str, name: str) -> bool:
-        """Whether the QwenDeployment may exist: in the cache (always True without caches)."""
-        return self.caches is None or self.caches.qwd.get(namespace, name) is not None
 
     def seen_qwendeployment(self, body: dict[str, Any], deleted: bool = False) -> None:
         """A QwenDeployment as a watch event brought it (kopf's, see handlers.py)."""

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from qwen_devtools.net import LOOPBACK, http_get
 from qwen_devtools.procs import Proc, wait_ready
@@ -306,21 +307,23 @@ def _metric(urls: Sequence[str], name: str) -> float:
 
 
 @dataclass
-class HitRates:
-    """Prefix-cache hits over queries per variant and round, from the engines' own counters."""
+class Fractions:
+    """A share per variant and round (prefix-cache hits over queries from the engines' own counters, or
+    a joining engine's requests over all), pooled over rounds, with its ratio to the first variant."""
 
+    measure: str
     label: str
     variants: list[str]
     rounds: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
-    def record(self, variant: str, hits: float, queries: float) -> None:
-        self.rounds.setdefault(variant, []).append((hits, queries))
+    def record(self, variant: str, part: float, whole: float) -> None:
+        self.rounds.setdefault(variant, []).append((part, whole))
 
     def rate(self, variant: str, only: int | None = None) -> float:
         pairs = self.rounds.get(variant, [])
         pairs = pairs if only is None else pairs[only : only + 1]
-        queries = sum(q for _, q in pairs)
-        return sum(h for h, _ in pairs) / queries if queries else math.nan
+        whole = sum(w for _, w in pairs)
+        return sum(p for p, _ in pairs) / whole if whole else math.nan
 
     def rows(self) -> list[dict[str, Any]]:
         base = self.variants[0]
@@ -331,7 +334,7 @@ class HitRates:
             per_round = [self.rate(v, r) / self.rate(base, r) for r in range(rounds) if self.rate(base, r)]
             rows.append(
                 {
-                    "measure": f"prefix cache hit rate, {self.label}",
+                    "measure": f"{self.measure}, {self.label}",
                     "variant": v,
                     "value": round(value, 2) if math.isfinite(value) else None,
                     "unit": "%",
@@ -348,8 +351,8 @@ class HitRates:
         return rows
 
     def print(self) -> None:
-        cells = "".join(f"{v}: {self.rate(v) * 100:.0f} %   " for v in self.variants)
-        print(f"   prefix cache hit rate  {cells}")
+        cells = "".join(f"{v}: {self.rate(v) * 100:.1f} %   " for v in self.variants)
+        print(f"   {self.measure}  {cells}")
 
 
 def _rotated(names: Sequence[str], round_no: int) -> list[str]:
@@ -368,7 +371,7 @@ class Part:
     gateways: dict[str, GatewayStack]
     chats: Conversations
     comparisons: list[Comparison] = field(default_factory=list)
-    hit_rates: list[HitRates] = field(default_factory=list)
+    fractions: list[Fractions] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -434,7 +437,10 @@ async def _loaded(part: Part, args: argparse.Namespace) -> None:
         )
         for load in LOADS
     }
-    hits = {load: HitRates(f"{part.name}, {load:.0%} load", list(POLICIES)) for load in LOADS}
+    hits = {
+        load: Fractions("prefix cache hit rate", f"{part.name}, {load:.0%} load", list(POLICIES))
+        for load in LOADS
+    }
 
     async def one_round(round_no: int) -> None:
         for policy in _rotated(POLICIES, round_no):
@@ -462,8 +468,79 @@ async def _loaded(part: Part, args: argparse.Namespace) -> None:
         one_round, list(comparisons.values()), args.min_rounds, args.max_rounds, args.loaded_budget
     )
     part.comparisons += comparisons.values()
-    part.hit_rates += hits.values()
+    part.fractions += hits.values()
     part.notes.append(f"{part.name}, loaded: {why}")
+
+
+def _router_metric(stack: GatewayStack, name: str, worker: str) -> float:
+    """vllm-router's own metric of one engine (0 when it has none yet)."""
+    text = http_get(stack.router_metrics_url, timeout=5)[1]
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and sample.labels.get("worker") == worker
+    )
+
+
+async def _add_worker(http: aiohttp.ClientSession, stack: GatewayStack, url: str) -> None:
+    """What vllm-router's Kubernetes discovery does when an engine pod turns Ready; back once the
+    router's health check has passed it."""
+    async with http.post(f"{stack.router_url}/add_worker", params={"url": url}) as added:
+        assert added.status == 200, await added.text()
+    deadline = time.monotonic() + 30
+    while _router_metric(stack, "vllm_router_worker_health", url) != 1:
+        assert time.monotonic() < deadline, f"{url} not healthy on the router in 30 s"
+        await asyncio.sleep(0.2)
+
+
+async def _join(part: Part, joiner: str, args: argparse.Namespace) -> None:
+    """What a replica the autoscaler adds gets: the share of new conversations each policy sends to an
+    engine that joins (vllm-router's add_worker, what its Kubernetes discovery does on a Ready pod). Only
+    sticky_least_loaded keeps state: before the engine joins, it is first sent `join_seen` conversations,
+    a few times nginx's conversation buckets, as a gateway sees in minutes of real traffic."""
+    policies = [p for p in ("round_robin", "consistent_hash", "sticky_least_loaded") if p in part.gateways]
+    label = f"{part.name} + 1 joining, {args.join_new} new conversations"
+    shares = Fractions("share of new conversations sent to the engine that joins", label, policies)
+    serial = itertools.count()
+    slots = asyncio.Semaphore(len(part.engines) * part.shape.max_num_seqs)
+
+    async def send(http: aiohttp.ClientSession, stack: GatewayStack, count: int) -> list[Sample]:
+        async def one() -> Sample:
+            question = {"role": "user", "content": f"Conversation {next(serial)} opens with this line."}
+            url, headers = _gateway(stack, "/v1/chat/completions")()
+            async with slots:
+                body = part.chats.body([question]) | {"max_tokens": 1}
+                return (await _turn(http, url, body, headers))[0]
+
+        return await asyncio.gather(*(one() for _ in range(count)))
+
+    async with _client() as http:
+        for policy in policies:
+            stack = part.gateways[policy]
+            seen = await send(http, stack, args.join_seen) if policy == "sticky_least_loaded" else []
+            await _add_worker(http, stack, joiner)
+            processed = "vllm_router_processed_requests_total"
+            before = _router_metric(stack, processed, joiner)
+            new = await send(http, stack, args.join_new)
+            shares.record(policy, _router_metric(stack, processed, joiner) - before, len(new))
+            async with http.post(f"{stack.router_url}/remove_worker", params={"url": joiner}):
+                pass
+            failed = sum(not s.ok for s in seen + new)
+            print(
+                f"[bench] {_elapsed()}   {policy:19} joining engine: {shares.rate(policy):.1%} of "
+                f"{len(new)} new conversations ({len(seen)} seen before, {failed} failed)",
+                flush=True,
+            )
+    part.fractions.append(shares)
+    part.notes.append(
+        f"{part.name}, an engine joins: {args.join_new} new single-turn conversations (concurrency "
+        f"{len(part.engines) * part.shape.max_num_seqs}) after the engine is added to each gateway's "
+        f"router; sticky_least_loaded's gateway is first sent {args.join_seen} other conversations "
+        "(nginx names each by one of its buckets, so its table of names fills once every bucket is "
+        "seen, and an engine that joins then gets only buckets not seen in 2 hours); count from the "
+        "router's vllm_router_processed_requests_total"
+    )
 
 
 @contextlib.contextmanager
@@ -518,7 +595,13 @@ async def _sim_part(args: argparse.Namespace, logs: Path) -> Part:
                     "token ids) in microseconds, so there cache_aware routes on tokens and its idle cost is "
                     "the router's alone; vLLM refuses the call (403) and cache_aware falls back to text"
                 )
-            return await _measure(part, args)
+            await _measure(part, args)
+            with start_sims(
+                1, shape.kv_blocks, shape.max_num_seqs, shape.max_model_len, log_dir=logs / "joining"
+            ) as joiner:
+                print(f"[bench] {_elapsed()} {part.name}: an engine joins", flush=True)
+                await _join(part, joiner[0].url, args)
+            return part
 
 
 def _engine_args(shape: Shape) -> list[str]:
@@ -611,14 +694,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     for part in parts:
         for comparison in part.comparisons:
             comparison.print()
-        for rates in part.hit_rates:
-            print(f"\n   {rates.label}")
-            rates.print()
+        for fractions in part.fractions:
+            print(f"\n   {fractions.label}")
+            fractions.print()
     for note in notes:
         print(f"   - {note}")
     title = "Routing quality: TTFT by gateway routing policy on multi-turn shared-prefix chat"
     report = write_report(args.json, SCENARIO, title, time.monotonic() - started, comparisons, notes)
-    report["rows"] += [row for p in parts for rates in p.hit_rates for row in rates.rows()]
+    report["rows"] += [row for p in parts for fractions in p.fractions for row in fractions.rows()]
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     print(f"[bench] {SCENARIO} done in {time.monotonic() - started:.0f} s", flush=True)
@@ -650,6 +733,8 @@ def main() -> None:
     args.capacity_seconds = 5.0 if args.quick else 8.0
     args.min_rounds, args.max_rounds = (1, 1) if args.quick else (2, 2)
     args.loaded_budget = 300.0  # never cuts the second round; max_rounds ends the part
+    args.join_seen = 1000 if args.quick else 5000  # 5 x nginx's buckets: all but ~0.7 % seen
+    args.join_new = 300 if args.quick else 900
     asyncio.run(main_async(args))
 
 

@@ -112,3 +112,21 @@ def test_rate_limits_and_the_gateway_queue_are_still_split_per_pod() -> None:
 
 def test_zero_fixed_replicas_still_pass_one_request() -> None:
     assert pass_through(reviewed(A100, replicas=0)) == 1
+
+
+def test_sticky_least_loaded_warns_where_its_per_pod_table_works_against_the_deployment() -> None:
+    """Its table of conversation buckets is per gateway pod and outlives the traffic that filled it:
+    replicas the autoscaler adds get almost no requests (measured in bench/routing_bench.py), and two
+    gateway pods can place one conversation on two engines. Warnings only: it still renders."""
+
+    def policy_warnings(rev: Review) -> list[str]:
+        return [m for p, m in rev.plan.warnings if p == "spec.gateway.policy"]
+
+    scaled = reviewed(H100, gateway={"policy": "sticky_least_loaded", "replicas": 2})
+    autoscaling, pods = policy_warnings(scaled)
+    assert "replicas the autoscaler adds get almost no requests" in autoscaling and scaled.ok
+    assert "each of the 2 gateway pods" in pods
+    (pods_only,) = policy_warnings(reviewed(A100, gateway={"policy": "sticky_least_loaded"}))
+    assert "each of the 2 gateway pods" in pods_only
+    assert not policy_warnings(reviewed(A100, gateway={"policy": "sticky_least_loaded", "replicas": 1}))
+    assert not policy_warnings(reviewed(H100))  # consistent_hash, the default

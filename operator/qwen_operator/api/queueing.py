@@ -6,7 +6,8 @@ The autoscaler's signal is the engines' own waiting count (`vllm:num_requests_wa
 that holds requests back before the engines could queue them hides that signal: the wait moves into
 the router, the engines report no queue and no replica is added. So the gateway's pass-through limit
 follows the engines' capacity at their largest replica count (a full batch running and a waiting room
-per replica); the gateway's own queue and 503s (overload protection) apply only above it.
+per replica); the gateway's own queue and 503s (overload protection) apply only above it. A routing
+policy that keeps the replicas the autoscaler adds from getting requests is warned about too.
 """
 
 from __future__ import annotations
@@ -111,4 +112,27 @@ def check_pass_through(spec: QwenDeploymentSpec, plan: Plan) -> None:
             path,
             f"{g.max_concurrent_requests} is below replicas x maxNumSeqs ({q.max_replicas * q.batch}): "
             "engines stay partly idle while requests wait in the gateway",
+        )
+
+
+def check_routing(spec: QwenDeploymentSpec, plan: Plan) -> None:
+    """Warn where sticky_least_loaded's per-pod table of conversations works against the deployment."""
+    g = spec.gateway
+    if not g.enabled or g.policy != "sticky_least_loaded":
+        return
+    path = "spec.gateway.policy"
+    if spec.autoscaling is not None:
+        plan.warn(
+            path,
+            "sticky_least_loaded with autoscaling: once the gateway has seen each of nginx's conversation "
+            "buckets (minutes of traffic), every bucket stays on the engine it was first given for 2 hours "
+            "after its last request, so replicas the autoscaler adds get almost no requests; "
+            "consistent_hash moves a share of the buckets to them (docs/gateway.md#routing-policies)",
+        )
+    if g.replicas > 1:
+        plan.warn(
+            path,
+            f"sticky_least_loaded keeps its table in each of the {g.replicas} gateway pods: a conversation "
+            "whose requests reach two pods can be placed on two engines, each caching its prefix; with "
+            "consistent_hash every pod computes the same engine",
         )

@@ -12,7 +12,7 @@ from typing import Any
 from .catalog import GIB
 from .engine import check_extra_args, command_line
 from .plan import Plan, make_plan
-from .queueing import check_pass_through
+from .queueing import check_pass_through, check_routing
 from .spec import QwenDeployment, parse
 
 
@@ -73,6 +73,7 @@ def review(body: dict[str, Any]) -> Review:
     resource = parse(body)
     plan = make_plan(resource.spec)
     check_pass_through(resource.spec, plan)
+    check_routing(resource.spec, plan)
     for path, message in check_extra_args(resource.spec.engine.extra_args):
         plan.invalid(path, message)
     command = command_line(resource.spec, plan) if plan.fits else []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qwen_operator.k8s import _slim_node, _slim_pod
+from qwen_operator.k8s import _slim_node, _slim_pod, _without_managed_fields
 from qwen_operator.watchcache import Store
 
 
@@ -82,3 +82,19 @@ def test_nodes_and_pods_on_them_are_kept_slim() -> None:
         "metadata": {"name": "p", "namespace": "ns", "resourceVersion": "4"},
         "spec": {"nodeName": "n", "containers": [{"resources": {"requests": {"cpu": "1"}}}]},
     }
+
+
+def test_children_are_kept_whole_but_for_their_managed_fields() -> None:
+    """The transform of the children's, own pods' and QwenDeployments' stores: a write's answer (or a
+    watch event) loses metadata.managedFields, nothing else, and the caller's object is left as it was."""
+    fields = [{"manager": "qwen-operator", "operation": "Apply", "fieldsV1": {"f:spec": {}}}]
+    answer = obj("x", 3) | {"spec": {"replicas": 2}}
+    answer["metadata"] |= {"managedFields": fields, "annotations": {"qwenops.dev/hash": "h"}}
+    store = Store(transform=_without_managed_fields)
+    store.put(answer)
+    kept = store.get("ns", "x")
+    assert kept is not None and "managedFields" not in kept["metadata"]
+    meta = {k: v for k, v in answer["metadata"].items() if k != "managedFields"}
+    assert kept == answer | {"metadata": meta}
+    assert answer["metadata"]["managedFields"] == fields
+    assert _without_managed_fields(obj("y", 1)) == obj("y", 1)

@@ -76,6 +76,16 @@ def _owner(obj: Obj) -> list[tuple[str, str]]:
     return [(obj["metadata"].get("namespace", ""), owner)] if owner else []
 
 
+def _without_managed_fields(obj: Obj) -> Obj:
+    """The object less metadata.managedFields: for a server-side-applied child about as large as the
+    rest of it, and never read (whether a child changed is its content hash and `contains`); what
+    client-go's TransformStripManagedFields does for controllers."""
+    meta = obj.get("metadata") or {}
+    if "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
 def _slim_node(node: Obj) -> Obj:
     """What free_gpus and NodePool.admits read of a node."""
     meta, spec = node["metadata"], node.get("spec") or {}
@@ -104,7 +114,8 @@ class Caches:
     namespaces (by label), every node and every scheduled, unfinished pod cluster-wide (slimmed: the
     free-GPU count), CRDs (metadata only), the metrics APIServices by name, and QwenDeployments (fed by
     kopf's watch of them, see handlers.py). Memory: about the size of the objects themselves, children
-    and own pods in full, about 0.5 KiB per node and 0.3 KiB per pod elsewhere (docs/architecture.md).
+    and own pods in full but for their managedFields, about 0.5 KiB per node and 0.3 KiB per pod
+    elsewhere (docs/architecture.md).
 
     `on_change(namespace, owner)` hears of every change to a child or a pod of a QwenDeployment.
     """
@@ -115,7 +126,7 @@ class Caches:
         self.api = ApiClient(config)
         self.namespaces: list[str | None] = list(namespaces) or [None]
         self.on_change = on_change
-        self.qwd = Store()
+        self.qwd = Store(transform=_without_managed_fields)
         self.children: dict[tuple[str, str | None], Informer] = {}  # (plural, namespace)
         self.own_pods: dict[str | None, Informer] = {}
         selector = f"app.kubernetes.io/managed-by={MANAGED_BY}"
@@ -145,7 +156,7 @@ class Caches:
         return Informer(
             self.api,
             path,
-            Store(indexes={"owner": _owner}),
+            Store(transform=_without_managed_fields, indexes={"owner": _owner}),
             label_selector=selector,
             on_event=self._child_event,
         )

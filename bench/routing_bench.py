@@ -17,6 +17,11 @@ The same comparison runs on two sets of engines, behind the gateway exactly as t
 Each part also measures what a policy costs when nothing queues: a small streamed chat at a time,
 through each gateway and directly (requests taken in turn), TTFT p50 and p99.
 
+Then, on the simulated engines, what an autoscaled replica gets: a ninth engine joins each sticky
+gateway (vllm-router's add_worker, what its Kubernetes discovery does for a Ready pod) and the share of
+new conversations sent to it is counted by the router. sticky_least_loaded's gateway is first sent
+5000 other conversations, as minutes of traffic fill its table of nginx's 1000 conversation buckets.
+
 Policies: round_robin (the baseline), power_of_two, consistent_hash (the default: nginx names a
 conversation by its first user message, the router hashes that name to an engine; no extra request) and
 sticky_least_loaded (the same name, but a new one goes to the engine holding the fewest names, so a few

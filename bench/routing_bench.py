@@ -51,9 +51,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
-from qwen_devtools.net import LOOPBACK, http_get
+from qwen_devtools.net import LOOPBACK, http_get, metric_sum
 from qwen_devtools.procs import Proc, wait_ready
 from qwen_devtools.realparts.benchmodel import bench_model
 from qwen_devtools.realparts.compare import THROUGHPUT, Comparison, repeat_rounds, ttft_ms, write_report
@@ -477,24 +476,13 @@ async def _loaded(part: Part, args: argparse.Namespace) -> None:
     part.notes.append(f"{part.name}, loaded: {why}")
 
 
-def _router_metric(stack: GatewayStack, name: str, worker: str) -> float:
-    """vllm-router's own metric of one engine (0 when it has none yet)."""
-    text = http_get(stack.router_metrics_url, timeout=5)[1]
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and sample.labels.get("worker") == worker
-    )
-
-
 async def _add_worker(http: aiohttp.ClientSession, stack: GatewayStack, url: str) -> None:
     """What vllm-router's Kubernetes discovery does when an engine pod turns Ready; back once the
     router's health check has passed it."""
     async with http.post(f"{stack.router_url}/add_worker", params={"url": url}) as added:
         assert added.status == 200, await added.text()
     deadline = time.monotonic() + 30
-    while _router_metric(stack, "vllm_router_worker_health", url) != 1:
+    while metric_sum(stack.router_metrics_url, "vllm_router_worker_health", worker=url) != 1:
         assert time.monotonic() < deadline, f"{url} not healthy on the router in 30 s"
         await asyncio.sleep(0.2)
 
@@ -525,10 +513,10 @@ async def _join(part: Part, joiner: str, args: argparse.Namespace) -> None:
             stack = part.gateways[policy]
             seen = await send(http, stack, args.join_seen) if policy == "sticky_least_loaded" else []
             await _add_worker(http, stack, joiner)
-            processed = "vllm_router_processed_requests_total"
-            before = _router_metric(stack, processed, joiner)
+            metrics, processed = stack.router_metrics_url, "vllm_router_processed_requests_total"
+            before = metric_sum(metrics, processed, worker=joiner)
             new = await send(http, stack, args.join_new)
-            shares.record(policy, _router_metric(stack, processed, joiner) - before, len(new))
+            shares.record(policy, metric_sum(metrics, processed, worker=joiner) - before, len(new))
             async with http.post(f"{stack.router_url}/remove_worker", params={"url": joiner}):
                 pass
             failed = sum(not s.ok for s in seen + new)

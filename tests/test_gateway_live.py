@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import requests
 
-from qwen_devtools.net import LOOPBACK, http_get
+from qwen_devtools.net import LOOPBACK, http_get, metric_sum
 from qwen_devtools.procs import Proc, running, spawn, wait_ready
 from qwen_devtools.realparts.engine import (
     ENGINE_START_SECONDS,
@@ -141,23 +141,8 @@ def _error_code(response: requests.Response) -> str:
     return str(error["code"])
 
 
-def _metric(url: str, name: str, **labels: str) -> float:
-    """Sum of the samples of `name` whose labels include `labels` (0 when there is none)."""
-    status, text = http_get(url, timeout=5)
-    assert status == 200, url
-    total = 0.0
-    for line in text.splitlines():
-        match = re.match(r"^([a-zA-Z_:][\w:]*)(\{(.*)\})? (\S+)$", line)
-        if not match or match.group(1) != name:
-            continue
-        have = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(3) or ""))
-        if all(have.get(k) == v for k, v in labels.items()):
-            total += float(match.group(4))
-    return total
-
-
 def _engine_successes(engine: Proc) -> float:
-    return _metric(f"{engine.url}/metrics", "vllm:request_success_total")
+    return metric_sum(f"{engine.url}/metrics", "vllm:request_success_total")
 
 
 def _access_log(
@@ -429,19 +414,20 @@ def test_access_log_is_json_with_the_key_id_never_the_key(live: Live) -> None:
 def test_metrics_per_key_router_and_in_flight(live: Live) -> None:
     main, strict = live.main, live.strict
     count = "qwen_gateway_http_response_count_total"
-    wait_until(lambda: _metric(main.log_metrics_url, count, key_id="team-a", status="200") > 0, 10, "metrics")
-    assert _metric(main.log_metrics_url, count, error="unauthorized", status="401") >= 6
-    assert _metric(main.log_metrics_url, count, error="unknown_route") >= 40
-    assert _metric(strict.log_metrics_url, count, key_id="team-b", error="rate_limited") >= 1
-    assert _metric(strict.log_metrics_url, count, error="overloaded") >= 1
+    team_a_ok = {"key_id": "team-a", "status": "200"}
+    wait_until(lambda: metric_sum(main.log_metrics_url, count, **team_a_ok) > 0, 10, "metrics")
+    assert metric_sum(main.log_metrics_url, count, error="unauthorized", status="401") >= 6
+    assert metric_sum(main.log_metrics_url, count, error="unknown_route") >= 40
+    assert metric_sum(strict.log_metrics_url, count, key_id="team-b", error="rate_limited") >= 1
+    assert metric_sum(strict.log_metrics_url, count, error="overloaded") >= 1
     hist = "qwen_gateway_http_response_time_seconds_hist_count"
-    assert _metric(main.log_metrics_url, hist, key_id="team-a") > 0
-    assert _metric(main.log_metrics_url, "qwen_gateway_parse_errors_total") == 0
-    assert _metric(main.router_metrics_url, "vllm_router_requests_total", route="/v1/chat/completions") > 0
+    assert metric_sum(main.log_metrics_url, hist, key_id="team-a") > 0
+    assert metric_sum(main.log_metrics_url, "qwen_gateway_parse_errors_total") == 0
+    assert metric_sum(main.router_metrics_url, "vllm_router_requests_total", route="/v1/chat/completions") > 0
     for engine in live.engines[:2]:
-        assert _metric(main.router_metrics_url, "vllm_router_worker_health", worker=engine.url) == 1
-    assert _metric(main.nginx_metrics_url, "nginx_up") == 1
-    assert _metric(main.nginx_metrics_url, "nginx_connections_writing") >= 1
+        assert metric_sum(main.router_metrics_url, "vllm_router_worker_health", worker=engine.url) == 1
+    assert metric_sum(main.nginx_metrics_url, "nginx_up") == 1
+    assert metric_sum(main.nginx_metrics_url, "nginx_connections_writing") >= 1
     _assert_documented([main.log_metrics_url, main.nginx_metrics_url, main.router_metrics_url])
 
 
@@ -547,8 +533,8 @@ def test_engine_killed_mid_load(live: Live) -> None:
     # Requests keep coming; the router must stop choosing b and answer from a.
     wait_until(
         lambda: (
-            _metric(stack.router_metrics_url, "vllm_router_worker_health", worker=b.url) == 0
-            or _metric(stack.router_metrics_url, "vllm_router_cb_state", worker=b.url) != 0
+            metric_sum(stack.router_metrics_url, "vllm_router_worker_health", worker=b.url) == 0
+            or metric_sum(stack.router_metrics_url, "vllm_router_cb_state", worker=b.url) != 0
         ),
         30,
         "the router to take the dead engine out",
@@ -578,7 +564,7 @@ def test_scale_out_third_engine_gets_traffic(live: Live) -> None:
     added = HTTP.post(f"{stack.router_url}/add_worker", params={"url": c.url}, timeout=30)
     assert added.status_code == 200, added.text
     wait_until(
-        lambda: _metric(stack.router_metrics_url, "vllm_router_worker_health", worker=c.url) == 1,
+        lambda: metric_sum(stack.router_metrics_url, "vllm_router_worker_health", worker=c.url) == 1,
         30,
         "the router to health-check the new engine",
     )
@@ -597,7 +583,7 @@ def test_scale_out_third_engine_gets_traffic(live: Live) -> None:
 
     wait_until(new_conversations, 60, "the third engine to serve requests")
     assert all(r.status_code == 200 for r in responses), [r.text for r in responses if not r.ok]
-    assert _metric(stack.router_metrics_url, "vllm_router_processed_requests_total", worker=c.url) >= 1
+    assert metric_sum(stack.router_metrics_url, "vllm_router_processed_requests_total", worker=c.url) >= 1
 
 
 def test_shutdown_drains_in_flight_streams(live: Live) -> None:

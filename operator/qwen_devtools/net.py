@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import re
 import socket
 import urllib.error
 import urllib.parse
@@ -71,3 +72,19 @@ def http_get(
         return int(exc.code), exc.read().decode(errors="replace")
     except OSError:
         return 0, ""
+
+
+def metric_sum(url: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` at a Prometheus endpoint (`url` is the whole /metrics address)
+    whose labels include `labels`; 0 when there is none."""
+    status, text = http_get(url, timeout=5)
+    assert status == 200, url
+    total = 0.0
+    for line in text.splitlines():
+        match = re.match(r"^([a-zA-Z_:][\w:]*)(\{(.*)\})? (\S+)$", line)
+        if not match or match.group(1) != name:
+            continue
+        have = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(3) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(match.group(4))
+    return total

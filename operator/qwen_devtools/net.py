@@ -1,5 +1,5 @@
-"""Networking of the tests: free ports on 127.0.0.1, and an HTTP GET that never uses a proxy and only
-goes to loopback or to the networks the dev cluster made."""
+"""Networking of the tests: free ports on 127.0.0.1, an HTTP GET that never uses a proxy and only goes
+to loopback or to the networks the dev cluster made, and a metric read from a Prometheus endpoint."""
 
 from __future__ import annotations
 

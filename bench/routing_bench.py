@@ -302,12 +302,7 @@ def _direct(urls: Sequence[str], path: str) -> Target:
 
 def _metric(urls: Sequence[str], name: str) -> float:
     """A counter summed over engines (vLLM names it name_total, the simulator name)."""
-    total = 0.0
-    for url in urls:
-        for line in http_get(f"{url}/metrics", timeout=5)[1].splitlines():
-            if line.startswith((f"{name}{{", f"{name}_total{{")):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
+    return sum(metric_sum(f"{url}/metrics", n) for url in urls for n in (name, f"{name}_total"))
 
 
 @dataclass

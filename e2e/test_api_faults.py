@@ -314,7 +314,7 @@ def test_conflicts_are_retried_with_growing_intervals(
 
 
 def test_throttling_waits_for_retry_after(cluster: Any, start_operator: Callable[..., Faulty]) -> None:
-    """429 Too Many Requests with Retry-After: 4 (produced by the fault proxy) on the engine apply for 15 s."""
+    """429 Too Many Requests with Retry-After: 4 (produced by the fault proxy) on the engine apply, 15 s."""
     faulty = start_operator()
     scheduled, synced = fault_during_update(
         cluster, faulty, "throttled", Reply(429, retry_after=4), seconds=15

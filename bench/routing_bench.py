@@ -471,17 +471,6 @@ async def _loaded(part: Part, args: argparse.Namespace) -> None:
     part.notes.append(f"{part.name}, loaded: {why}")
 
 
-async def _add_worker(http: aiohttp.ClientSession, stack: GatewayStack, url: str) -> None:
-    """What vllm-router's Kubernetes discovery does when an engine pod turns Ready; back once the
-    router's health check has passed it."""
-    async with http.post(f"{stack.router_url}/add_worker", params={"url": url}) as added:
-        assert added.status == 200, await added.text()
-    deadline = time.monotonic() + 30
-    while metric_sum(stack.router_metrics_url, "vllm_router_worker_health", worker=url) != 1:
-        assert time.monotonic() < deadline, f"{url} not healthy on the router in 30 s"
-        await asyncio.sleep(0.2)
-
-
 async def _join(part: Part, joiner: str, args: argparse.Namespace) -> None:
     """What a replica the autoscaler adds gets: the share of new conversations each policy sends to an
     engine that joins (vllm-router's add_worker, what its Kubernetes discovery does on a Ready pod). Only
@@ -507,13 +496,12 @@ async def _join(part: Part, joiner: str, args: argparse.Namespace) -> None:
         for policy in policies:
             stack = part.gateways[policy]
             seen = await send(http, stack, args.join_seen) if policy == "sticky_least_loaded" else []
-            await _add_worker(http, stack, joiner)
+            await asyncio.to_thread(stack.add_worker, joiner)
             metrics, processed = stack.router_metrics_url, "vllm_router_processed_requests_total"
             before = metric_sum(metrics, processed, worker=joiner)
             new = await send(http, stack, args.join_new)
             shares.record(policy, metric_sum(metrics, processed, worker=joiner) - before, len(new))
-            async with http.post(f"{stack.router_url}/remove_worker", params={"url": joiner}):
-                pass
+            stack.remove_worker(joiner)
             failed = sum(not s.ok for s in seen + new)
             print(
                 f"[bench] {_elapsed()}   {policy:19} joining engine: {shares.rate(policy):.1%} of "

@@ -561,13 +561,7 @@ def test_engine_killed_mid_load(live: Live) -> None:
 def test_scale_out_third_engine_gets_traffic(live: Live) -> None:
     stack, c = live.main, live.engines[2]
     # What Kubernetes discovery does when a new engine pod turns Ready: the router's own add_worker.
-    added = HTTP.post(f"{stack.router_url}/add_worker", params={"url": c.url}, timeout=30)
-    assert added.status_code == 200, added.text
-    wait_until(
-        lambda: metric_sum(stack.router_metrics_url, "vllm_router_worker_health", worker=c.url) == 1,
-        30,
-        "the router to health-check the new engine",
-    )
+    stack.add_worker(c.url)
     before = _engine_successes(c)
     responses = []
 

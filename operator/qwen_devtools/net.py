@@ -1,5 +1,5 @@
-"""Networking of the tests: free ports on 127.0.0.1, an HTTP GET that never uses a proxy and only goes
-to loopback or to the networks the dev cluster made, and a metric read from a Prometheus endpoint."""
+"""Networking of the tests: free ports on 127.0.0.1, HTTP GET and POST that never use a proxy and only
+go to loopback or to the networks the dev cluster made, and a metric read from a Prometheus endpoint."""
 
 from __future__ import annotations
 
@@ -62,8 +62,16 @@ def http_get(
 ) -> tuple[int, str]:
     """(status, body) of a GET without proxies; status 0 when nothing answers. Only to loopback or
     `networks` (the dev cluster's pod and Service ranges)."""
-    check_destination(url, networks)
-    request = urllib.request.Request(url, headers=dict(headers or {}))
+    return _request(urllib.request.Request(url, headers=dict(headers or {})), timeout, networks)
+
+
+def http_post(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    """(status, body) of a POST with an empty body (an admin call), as `http_get` sends a GET."""
+    return _request(urllib.request.Request(url, data=b"", method="POST"), timeout, ())
+
+
+def _request(request: urllib.request.Request, timeout: float, networks: Sequence[str]) -> tuple[int, str]:
+    check_destination(request.full_url, networks)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(request, timeout=timeout) as response:

@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +18,10 @@ from qwen_operator import gateway
 from qwen_operator.api.review import Review
 from qwen_operator.gateway import Wiring
 
-from ..net import LOOPBACK, free_ports, free_udp_port
+from ..net import LOOPBACK, free_ports, free_udp_port, http_post, metric_sum
 from ..procs import Proc, spawn, wait_ready
 from ..vllm_env import vllm_router_bin
+from ..wait import wait_until
 from .exporters import nginx_exporter_bin, nginxlog_exporter_bin
 from .nginx import nginx_bin
 
@@ -84,6 +86,25 @@ class GatewayStack:
     @property
     def nginx_metrics_url(self) -> str:
         return self._url(self.wiring.nginx_metrics_port) + "/metrics"
+
+    def add_worker(self, engine_url: str, timeout: float = 30.0) -> None:
+        """What vllm-router's Kubernetes discovery does when an engine pod turns Ready (its own
+        add_worker); back once the router's health check has passed the engine."""
+        self._worker_call("add_worker", engine_url, timeout)
+        wait_until(
+            lambda: metric_sum(self.router_metrics_url, "vllm_router_worker_health", worker=engine_url) == 1,
+            timeout,
+            f"the router to health-check {engine_url}",
+        )
+
+    def remove_worker(self, engine_url: str) -> None:
+        """What the discovery does when an engine pod goes away."""
+        self._worker_call("remove_worker", engine_url, 30.0)
+
+    def _worker_call(self, route: str, engine_url: str, timeout: float) -> None:
+        query = urllib.parse.urlencode({"url": engine_url})
+        status, body = http_post(f"{self.router_url}/{route}?{query}", timeout)
+        assert status == 200, f"{route} {engine_url}: {status} {body}"
 
     def set_api_keys(self, keys: Mapping[str, str]) -> None:
         """Replace the API-key Secret's content, as kubelet does when the Secret changes."""

@@ -52,7 +52,7 @@ from typing import Any
 
 import aiohttp
 
-from qwen_devtools.net import LOOPBACK, http_get, metric_sum
+from qwen_devtools.net import LOOPBACK, http_get, metric_sum, metric_sums
 from qwen_devtools.procs import Proc, wait_ready
 from qwen_devtools.realparts.benchmodel import bench_model
 from qwen_devtools.realparts.compare import THROUGHPUT, Comparison, repeat_rounds, ttft_ms, write_report
@@ -300,9 +300,14 @@ def _direct(urls: Sequence[str], path: str) -> Target:
     return lambda: (f"{next(cycle)}{path}", {})
 
 
-def _metric(urls: Sequence[str], name: str) -> float:
-    """A counter summed over engines (vLLM names it name_total, the simulator name)."""
-    return sum(metric_sum(f"{url}/metrics", n) for url in urls for n in (name, f"{name}_total"))
+def _cache_counters(urls: Sequence[str]) -> tuple[float, float]:
+    """Prefix-cache hits and queries summed over engines, one read of each engine's metrics (vLLM names
+    the counters name_total, the simulator name)."""
+    counters = ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries")
+    names = [f"{c}{suffix}" for c in counters for suffix in ("", "_total")]
+    read = [metric_sums(f"{url}/metrics", names) for url in urls]
+    hits, queries = (sum(r[c] + r[f"{c}_total"] for r in read) for c in counters)
+    return hits, queries
 
 
 @dataclass
@@ -445,17 +450,13 @@ async def _loaded(part: Part, args: argparse.Namespace) -> None:
         for policy in _rotated(POLICIES, round_no):
             for load in LOADS if round_no % 2 == 0 else reversed(LOADS):
                 part.chats.fresh(f"{part.name} {policy} {load} {round_no}")  # nothing cached yet
-                before = (_metric(part.engines, "vllm:prefix_cache_hits"),
-                          _metric(part.engines, "vllm:prefix_cache_queries"))  # fmt: skip
+                hits_before, queries_before = _cache_counters(part.engines)
                 target = _gateway(part.gateways[policy], "/v1/chat/completions")
                 rate = load * capacity / shape.turns
                 seed = round_no * 10 + LOADS.index(load)  # the same sessions for every policy
                 run = await sessions_open_loop(target, part.chats, rate, args.warmup, seconds, seed)
-                hits[load].record(
-                    policy,
-                    _metric(part.engines, "vllm:prefix_cache_hits") - before[0],
-                    _metric(part.engines, "vllm:prefix_cache_queries") - before[1],
-                )
+                hits_after, queries_after = _cache_counters(part.engines)
+                hits[load].record(policy, hits_after - hits_before, queries_after - queries_before)
                 comparisons[load].record(policy, run)
                 print(
                     f"[bench] {_elapsed()}   {policy:15} {load:.0%}: {len(run.ok())} turns, TTFT p50 "

@@ -10,7 +10,7 @@ import socket
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 #: The only address tests bind to, and (besides the dev cluster's own networks) send traffic to.
 LOOPBACK = "127.0.0.1"
@@ -85,14 +85,19 @@ def _request(request: urllib.request.Request, timeout: float, networks: Sequence
 def metric_sum(url: str, name: str, **labels: str) -> float:
     """Sum of the samples of `name` at a Prometheus endpoint (`url` is the whole /metrics address)
     whose labels include `labels`; 0 when there is none."""
+    return metric_sums(url, [name], **labels)[name]
+
+
+def metric_sums(url: str, names: Collection[str], **labels: str) -> dict[str, float]:
+    """`metric_sum` of each of `names`, from one read of the endpoint."""
     status, text = http_get(url, timeout=5)
     assert status == 200, url
-    total = 0.0
+    totals = dict.fromkeys(names, 0.0)
     for line in text.splitlines():
         match = re.match(r"^([a-zA-Z_:][\w:]*)(\{(.*)\})? (\S+)$", line)
-        if not match or match.group(1) != name:
+        if not match or match.group(1) not in totals:
             continue
         have = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(3) or ""))
         if all(have.get(k) == v for k, v in labels.items()):
-            total += float(match.group(4))
-    return total
+            totals[match.group(1)] += float(match.group(4))
+    return totals

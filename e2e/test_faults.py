@@ -175,9 +175,10 @@ def nodes_back(cluster: devcluster.Cluster, since: float) -> None:
 
 def no_failing_objects(proc: OperatorProcess) -> None:
     """Wait for `qwen_operator_failing_objects` 0: an object deleted while failing is dropped by its
-    next retry (at most RETRY_MAX_SECONDS after the last failure), not by the delete event."""
+    next retry (at most RETRY_MAX_SECONDS and its jitter, a quarter more, after the last failure), not
+    by the delete event."""
     wait_until(
-        lambda: proc.metric("qwen_operator_failing_objects") == 0, 65, "no failing objects", interval=1
+        lambda: proc.metric("qwen_operator_failing_objects") == 0, 80, "no failing objects", interval=1
     )
 
 

@@ -7,15 +7,29 @@ real node, where kubelet reports them)."""
 from __future__ import annotations
 
 import json
+import random
+import re
+import threading
+import time
 from typing import Any
 
 import pytest
 import urllib3
 from kubernetes.client.rest import ApiException
+from prometheus_client import generate_latest
 
+from qwen_operator import workqueue
 from qwen_operator.k8s import describe_failure
+from qwen_operator.metrics import DEPLOYMENTS_READY, MANAGED_OBJECTS
 from qwen_operator.status import Observed, compute_status, references
-from qwen_operator.workqueue import RETRY_MAX_SECONDS, Key, WorkQueue, retry_delay
+from qwen_operator.workqueue import (
+    RETRY_FIRST_SECONDS,
+    RETRY_JITTER,
+    RETRY_MAX_SECONDS,
+    Key,
+    WorkQueue,
+    retry_delay,
+)
 from test_status import cond, deployment, reviewed, serving
 
 
@@ -172,17 +186,35 @@ def test_failures_are_classified_for_the_status(exc: BaseException, reason: str,
         assert json.loads(exc.body)["message"] in failure.message
 
 
+def no_jitter() -> float:
+    return 0.0
+
+
 def test_backoff_doubles_up_to_the_cap_and_honours_retry_after() -> None:
-    delays = [retry_delay(n) for n in range(1, 10)]
+    delays = [retry_delay(n, jitter=no_jitter) for n in range(1, 10)]
     assert delays[:4] == [1, 2, 4, 8]
     assert max(delays) == RETRY_MAX_SECONDS and delays == sorted(delays)
-    assert retry_delay(1, describe_failure(_api_error(429, {"Retry-After": "30"}))) == 30
+    assert retry_delay(1, describe_failure(_api_error(429, {"Retry-After": "30"})), jitter=no_jitter) == 30
+
+
+def test_jitter_lengthens_each_delay_by_at_most_a_quarter_and_never_goes_below_retry_after() -> None:
+    random.seed(22)
+    throttled = describe_failure(_api_error(429, {"Retry-After": "30"}))
+    for failures in range(1, 12):
+        for failure in (None, throttled):
+            floor = retry_delay(failures, failure, jitter=no_jitter)
+            assert floor >= (30 if failure else 0)
+            assert retry_delay(failures, failure, jitter=lambda: 0.999) < floor * (1 + RETRY_JITTER)
+            tries = [retry_delay(failures, failure) for _ in range(200)]
+            assert floor <= min(tries) and max(tries) < floor * (1 + RETRY_JITTER), (failures, failure)
+            assert max(tries) - min(tries) > floor * RETRY_JITTER / 2, "not spread"
 
 
 class ScriptedQueue(WorkQueue):
     """The real trigger and backoff rules around a scripted reconcile: each run pops the next outcome
     (True: success, False: failure of the spec generation `generation`) and may fire `during` triggers
-    first, as watch events arriving while it runs. The retry timer is cancelled: the test fires it."""
+    first, as watch events arriving while it runs. Nothing is scheduled (`scheduled` keeps the (key,
+    delay, retry) asked for): the test fires the retry."""
 
     def __init__(self) -> None:
         super().__init__(cluster=None)  # type: ignore[arg-type]
@@ -190,6 +222,10 @@ class ScriptedQueue(WorkQueue):
         self.during: list[dict[str, Any]] = []
         self.runs = 0
         self.generation = 1
+        self.scheduled: list[tuple[Key, float, bool]] = []
+
+    def _schedule(self, key: Key, delay: float, retry: bool) -> None:
+        self.scheduled.append((key, delay, retry))
 
     def _run_once(self, key: Key) -> bool:
         self.runs += 1
@@ -200,9 +236,6 @@ class ScriptedQueue(WorkQueue):
             self._succeeded(key)
             return True
         self._failed(key, None, {"metadata": {"generation": self.generation}})
-        timer = self._backoff[key].timer
-        assert timer is not None
-        timer.cancel()
         return False
 
 
@@ -234,3 +267,109 @@ def test_an_open_gateway_is_said_in_the_exposure_condition() -> None:
     rev = reviewed(gateway={"auth": "none"})
     opened = cond(compute_status(serving(review=rev), None), "ExposureReady")["message"]
     assert opened.endswith("; no authentication: spec.gateway.auth is none")
+
+
+def test_a_hundred_objects_failing_together_are_retried_spread_out() -> None:
+    """After an outage every object fails in the same instant; their retries must not come back in one
+    (each at least its backoff, spread over a quarter of it)."""
+    random.seed(6)
+    queue = ScriptedQueue()
+    queue.outcomes = [False] * 100
+    for i in range(100):
+        queue.trigger(("ns", f"d{i}"), generation=1)
+    delays = sorted(delay for _, delay, retry in queue.scheduled if retry)
+    assert len(delays) == 100
+    assert delays[0] >= RETRY_FIRST_SECONDS and delays[-1] < RETRY_FIRST_SECONDS * (1 + RETRY_JITTER)
+    assert delays[-1] - delays[0] > 0.2, "retries bunched together"
+    most_in_10_ms = max(sum(1 for d in delays if start <= d < start + 0.01) for start in delays)
+    assert most_in_10_ms <= 15, f"{most_in_10_ms} of 100 retries due within 10 ms"
+
+
+class TimedQueue(WorkQueue):
+    """The real scheduler and pool around a scripted reconcile: an object's first run fails (its retry
+    is scheduled for real), every later run succeeds after holding a worker for `hold` s; it counts the
+    runs that overlap. `QWEN_OPERATOR_RETRY_FIRST_SECONDS` is patched small by the tests."""
+
+    def __init__(self, workers: int, hold: float = 0.0) -> None:
+        super().__init__(cluster=None, workers=workers)  # type: ignore[arg-type]
+        self.hold = hold
+        self.failed_at: dict[Key, float] = {}
+        self.retried_at: dict[Key, float] = {}
+        self.running = self.most = 0
+        self.count = threading.Lock()
+        self.all_retried = threading.Event()
+
+    def _run_once(self, key: Key) -> bool:
+        if key not in self.failed_at:
+            self.failed_at[key] = time.monotonic()
+            self._failed(key, None, {"metadata": {"generation": 1}})
+            return False
+        with self.count:
+            self.retried_at[key] = time.monotonic()
+            self.running += 1
+            self.most = max(self.most, self.running)
+        time.sleep(self.hold)
+        self._succeeded(key)
+        with self.count:
+            self.running -= 1
+            if len(self.retried_at) == len(self.failed_at) and not self.running:
+                self.all_retried.set()
+        return True
+
+
+def test_retries_run_in_a_bounded_pool_after_their_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workqueue, "RETRY_FIRST_SECONDS", 0.05)
+    queue = TimedQueue(workers=3, hold=0.02)
+    keys = [("ns", f"d{i}") for i in range(40)]
+    for key in keys:
+        queue.trigger(key, generation=1)
+    assert queue.all_retried.wait(10), f"retried {len(queue.retried_at)} of {len(keys)}"
+    early = [k for k in keys if queue.retried_at[k] - queue.failed_at[k] < 0.05]
+    assert not early, f"retried sooner than the backoff: {early}"
+    assert 1 < queue.most <= 3, f"{queue.most} reconciles ran at once from retries, the pool has 3"
+    assert not queue._backoff and not queue._due
+    queue.stop()
+
+
+def test_stop_and_forget_cancel_pending_retries_and_looks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workqueue, "RETRY_FIRST_SECONDS", 0.05)
+    queue = TimedQueue(workers=2)
+    for key in (("ns", "a"), ("ns", "b")):
+        queue.trigger(key, generation=1)  # fails: a retry in 50-62 ms
+    queue._requeue(("ns", "c"), 0.05)
+    queue.forget(("ns", "a"))
+    assert set(queue._due) == {(("ns", "b"), True), (("ns", "c"), False)}
+    queue.stop()
+    time.sleep(0.3)
+    assert queue.retried_at == {} and ("ns", "c") not in queue.failed_at, "ran after stop()"
+    queue.trigger(("ns", "d"))
+    assert ("ns", "d") not in queue.failed_at, "a trigger after stop() ran"
+
+
+def series(namespace: str, name: str) -> list[str]:
+    """Lines of /metrics about QwenDeployment namespace/name."""
+    wanted = (f'namespace="{namespace}"', f'name="{name}"')
+    labels = re.compile(r"\{(.*)\}")
+    lines = generate_latest().decode().splitlines()
+    return [line for line in lines if (m := labels.search(line)) and set(wanted) <= set(m[1].split(","))]
+
+
+class Gone:
+    """A cluster in which every QwenDeployment has been deleted (the watch may have missed it)."""
+
+    def get_qwendeployment(self, namespace: str, name: str) -> None:
+        return None
+
+
+def test_a_deleted_deployment_leaves_no_series_behind() -> None:
+    for name in ("deleted", "unseen", "kept"):
+        MANAGED_OBJECTS.labels("metrics-ns", name).set(7)
+        DEPLOYMENTS_READY.labels("metrics-ns", name).set(1)
+    assert len(series("metrics-ns", "deleted")) == 2
+    queue = WorkQueue(cluster=Gone())  # type: ignore[arg-type]
+    queue.forget(("metrics-ns", "deleted"))  # the watch's DELETED
+    queue.forget(("metrics-ns", "deleted"))  # once more: nothing left to remove is no error
+    queue.trigger(("metrics-ns", "unseen"))  # the watch missed the deletion: the reconcile finds it gone
+    assert series("metrics-ns", "deleted") == [] and series("metrics-ns", "unseen") == []
+    assert len(series("metrics-ns", "kept")) == 2
+    queue.stop()

@@ -35,10 +35,11 @@ def _trigger(namespace: str, name: str, generation: int | None = None) -> None:
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def on_qwendeployment(event: kopf.RawEvent, type: str | None, **_: Any) -> None:
     assert _queue is not None, "handlers.install() was not called"
+    _queue.qwd_contact.heard()
     raw: dict[str, Any] = dict(event["object"])
     meta = raw["metadata"]
     _queue.cluster.seen_qwendeployment(raw, deleted=type == "DELETED")
-    if type == "DELETED":
+    if type == "DELETED":  # its retry, its scheduled look and its metrics go with it
         _queue.forget((meta["namespace"], meta["name"]))
     else:
         _trigger(meta["namespace"], meta["name"], meta.get("generation"))

@@ -9,7 +9,6 @@ the API server nothing but its writes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -28,7 +27,8 @@ from .api.queueing import METRICS_API_SERVICE
 from .api.spec import API_VERSION, KIND, PLURAL
 from .kinds import MANAGED, NODE, POD, SECRET, Kind, kind_of
 from .metrics import API_WRITES
-from .names import FIELD_MANAGER, LABEL_PREFIX, MANAGED_BY
+from .names import FIELD_MANAGER, HANDOVER_FIELD_MANAGER, LABEL_PREFIX, MANAGED_BY
+from .objects import contains, content_hash
 from .watchcache import Informer, Obj, Store, wait_synced
 
 log = logging.getLogger(__name__)
@@ -55,19 +55,6 @@ def _qwd_collection(namespace: str | None = None) -> str:
 def _object_path(obj: dict[str, Any]) -> str:
     meta = obj["metadata"]
     return f"{collection(kind_of(obj['apiVersion'], obj['kind']), meta['namespace'])}/{meta['name']}"
-
-
-def content_hash(obj: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def contains(live: Any, want: Any) -> bool:
-    """True when every field of `want` is in `live` with the same value (the server may add more)."""
-    if isinstance(want, dict):
-        return isinstance(live, dict) and all(k in live and contains(live[k], v) for k, v in want.items())
-    if isinstance(want, list):
-        return isinstance(live, list) and len(live) == len(want) and all(map(contains, live, want))
-    return bool(live == want or str(live) == str(want))
 
 
 def _owner(obj: Obj) -> list[tuple[str, str]]:
@@ -198,8 +185,11 @@ class Caches:
                 self.on_change(ns, owner)
 
     def _crd_event(self, type_: str, crd: Obj) -> None:
-        """An optional kind's CRD installed after the start: begin caching that kind."""
-        if type_ != "ADDED":
+        """An optional kind's CRD installed after the start: begin caching that kind. Any news of the CRD
+        but its deletion will do: a watch's ADDED, a re-LIST's MODIFIED (the CRD came while the watch was
+        away: a re-LIST reports only MODIFIED and DELETED), or the MODIFIED of its status turning
+        Established (an informer started on the ADDED may have found the kind not served yet: absent)."""
+        if type_ == "DELETED":
             return
         for kind in MANAGED:
             if kind.crd != crd["metadata"]["name"]:
@@ -320,10 +310,11 @@ class Cluster:
                 self.caches.qwd.remove(key)  # deleted, and the watch missed it
         return [obj for key in sorted(here) if (obj := self.caches.qwd.get(*key))]
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """Merge-patch the status subresource (`patch` as status.merge_patch makes it: nulls remove)."""
         path = f"{_qwd_collection(namespace)}/{name}/status"
         answer = self._call(
-            "PATCH", path, body={"status": status}, content_type="application/merge-patch+json"
+            "PATCH", path, body={"status": patch}, content_type="application/merge-patch+json"
         )
         self.seen_qwendeployment(answer)
 
@@ -419,6 +410,35 @@ class Cluster:
             ).store.put(answer)
         meta = obj["metadata"]
         log.info("applied %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
+        return True
+
+    def hand_over_replicas(self, live: dict[str, Any]) -> bool:
+        """Step one of the documented hand-off of a Deployment's spec.replicas to an autoscaler: a
+        second field manager applies the field at its live value (the operator's apply then leaves it
+        out, and the field stays, owned by the second manager until the HPA writes it). Without force:
+        a conflict means another manager (the HPA) owns it already, at another value, which is the goal.
+        Returns whether it wrote."""
+        meta = live["metadata"]
+        body = {
+            "apiVersion": live.get("apiVersion", "apps/v1"),
+            "kind": live.get("kind", "Deployment"),
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "spec": {"replicas": live["spec"]["replicas"]},
+        }
+        try:
+            self._call(
+                "PATCH",
+                _object_path(body),
+                body=body,
+                content_type="application/apply-patch+yaml",
+                query=[("fieldManager", HANDOVER_FIELD_MANAGER)],
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            log.info("Deployment %s/%s: replicas already owned by another manager", *_ns_name(meta))
+            return False
+        log.info("Deployment %s/%s: replicas %s handed over", *_ns_name(meta), body["spec"]["replicas"])
         return True
 
     def create_if_absent(self, obj: dict[str, Any]) -> bool:
@@ -549,6 +569,10 @@ class Cluster:
             collection(POD),
             field_selector=f"spec.nodeName={name},status.phase!=Succeeded,status.phase!=Failed",
         )
+
+
+def _ns_name(meta: dict[str, Any]) -> tuple[str, str]:
+    return meta["namespace"], meta["name"]
 
 
 def _has_labels(obj: dict[str, Any], labels: dict[str, str]) -> bool:

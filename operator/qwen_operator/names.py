@@ -7,6 +7,12 @@ from .api.spec import QwenDeployment
 LABEL_PREFIX = "qwenops.dev"
 FIELD_MANAGER = "qwen-operator"
 MANAGED_BY = "qwen-operator"
+#: The field manager that holds an engine Deployment's spec.replicas for the moment the operator stops
+#: sending it (autoscaling turned on), so that the field passes to the HPA at its value instead of being
+#: removed and defaulted to 1: "transferring ownership" in the server-side apply documentation.
+HANDOVER_FIELD_MANAGER = "qwen-operator-handover-to-autoscaler"
+#: Annotation of the engine Deployment: "autoscaler" while the HPA (or KEDA's) owns spec.replicas.
+REPLICAS_OWNER_ANNOTATION = f"{LABEL_PREFIX}/replicas-owner"
 
 
 def engine(qd: QwenDeployment) -> str:

@@ -16,12 +16,14 @@ from typing import Any
 from . import names
 from .api.queueing import METRICS_API_SERVICE
 from .api.review import Review, review
+from .api.rollout import Rollout
 from .api.spec import SpecError
 from .k8s import ApiException, Cluster
-from .manifests import ClusterFacts, build_children, node_pool, scaling
+from .manifests import ClusterFacts, build_children, node_pool, scaling, upgrade
+from .manifests.engine import hands_replicas_over
 from .manifests.gateway import GENERATED_KEY_ID, generated_api_keys_secret
 from .metrics import DEPLOYMENTS_READY, MANAGED_OBJECTS, RECONCILE_SECONDS, RECONCILES
-from .status import Observed, compute_status, events
+from .status import Observed, compute_status, events, merge_patch
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +73,12 @@ def _key_of(body: dict[str, Any]) -> tuple[str, str]:
 
 
 def _write_status(cluster: Cluster, body: dict[str, Any], status: dict[str, Any]) -> None:
+    """Make the stored status exactly `status`: a merge patch of what differs, nulls for what no longer
+    applies, nothing at all when nothing changed."""
     old = body.get("status")
-    if old != status:
-        cluster.patch_status(*_key_of(body), status)
+    patch = merge_patch(old, status)
+    if patch:
+        cluster.patch_status(*_key_of(body), patch)
         for event in events(old, status):
             try:
                 cluster.post_event(body, event.type, event.reason, event.message)
@@ -107,7 +112,11 @@ def _reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
     if not rev.ok:
         _observe_refused(cluster, obs, meta)
         return Result(compute_status(obs, previous))
-    facts = ClusterFacts(free_gpus=cluster.free_gpus(node_pool(rev)), missing_crds=cluster.missing_crds())
+    facts = ClusterFacts(
+        free_gpus=cluster.free_gpus(node_pool(rev)),
+        missing_crds=cluster.missing_crds(),
+        rollout_under_way=_rollout_under_way(cluster, meta["namespace"], meta["name"]),
+    )
     children = build_children(rev, facts)
     obs.rollout = children.rollout
     obs.skipped = children.skipped
@@ -116,18 +125,57 @@ def _reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
     if obs.foreign:  # nothing is written while a child's name is taken
         _observe(cluster, obs, rev)
         return Result(compute_status(obs, previous), retry=True)
+    _hold_engine_template(obs, children.objects, live, body)
     writes = _generated_secrets(cluster, rev)
-    writes += [
-        f"applied {o['kind']} {o['metadata']['name']}"
-        for o in children.objects
-        if cluster.apply(o, live.get(_key(o)))
-    ]
+    for obj in children.objects:
+        current = live.get(_key(obj))
+        if hands_replicas_over(obj, current):
+            assert current is not None
+            if cluster.hand_over_replicas(current):
+                writes.append(f"handed {obj['kind']} {obj['metadata']['name']} replicas to the autoscaler")
+        if cluster.apply(obj, current):
+            writes.append(f"applied {obj['kind']} {obj['metadata']['name']}")
     writes += _prune(cluster, children.objects, live, meta["uid"])
     MANAGED_OBJECTS.labels(meta["namespace"], meta["name"]).set(len(children.objects))
     _observe(cluster, obs, rev)
     pending = any(p.get("status", {}).get("phase") == "Pending" for p in obs.pods + obs.gateway_pods)
     return Result(
         compute_status(obs, previous), writes, requeue_after=WAITING_POLL_SECONDS if pending else None
+    )
+
+
+def _hold_engine_template(
+    obs: Observed,
+    objects: list[dict[str, Any]],
+    live: dict[tuple[str, str, str], Any],
+    body: dict[str, Any],
+) -> None:
+    """Keep the engine pod that runs when only this operator's defaults changed (manifests/upgrade.py)."""
+    meta, spec = body["metadata"], obs.review.resource.spec if obs.review else None
+    assert spec is not None
+    for i, obj in enumerate(objects):
+        if obj["kind"] == "Deployment" and obj["metadata"]["name"] == names.engine_of(meta["name"]):
+            reconciled = (body.get("status") or {}).get("observedGeneration")
+            held = upgrade.hold_engine_template(
+                obj, live.get(_key(obj)), meta.get("generation"), reconciled, spec.engine.upgrade_policy
+            )
+            objects[i] = held.deployment
+            if held.changes:
+                obs.engine_update = upgrade.describe(held.changes, meta.get("generation"))
+
+
+def _rollout_under_way(cluster: Cluster, ns: str, name: str) -> Rollout | None:
+    engine = cluster.get_named("apps/v1", "Deployment", ns, names.engine_of(name))
+    if engine is None:
+        return None
+    pods = _running(cluster.pods(ns, name, names.selector_of(name, "engine")))
+    return Rollout.kept(engine, unschedulable=any(_unschedulable(p) for p in pods))
+
+
+def _unschedulable(pod: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in pod.get("status", {}).get("conditions", [])
     )
 
 

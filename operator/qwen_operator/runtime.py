@@ -8,8 +8,8 @@ import json
 import logging
 import os
 import socket
-import threading
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn, cast
 
@@ -20,11 +20,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from . import handlers
 from .k8s import Caches, Cluster, Leases, load_config
 from .leader import LEADER, LOST_EXIT_CODE, Election, Elector
+from .watchcache import Contact, Informer
 from .workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
 RESYNC_SECONDS = float(os.environ.get("QWEN_OPERATOR_RESYNC_SECONDS", "300"))
+#: How long a watch may go without hearing from the API server before /healthz fails (and the kubelet
+#: restarts the pod): an idle watch hears at least every watchcache.WATCH_SECONDS (300), when the server
+#: ends it, so this leaves room for that, a relist, and a few failed tries of a restarting API server.
+WATCH_STALL_SECONDS = float(os.environ.get("QWEN_OPERATOR_WATCH_STALL_SECONDS", "600"))
+QWD_WATCH = "QwenDeployments (kopf's watch, the resync's LIST)"
 
 
 class JsonFormatter(logging.Formatter):
@@ -50,15 +56,42 @@ def configure_logging(log_level: str) -> None:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
 
-async def serve_metrics(port: int, healthy: Callable[[], bool]) -> web.AppRunner:
-    """Serve /metrics and /healthz on all addresses; `healthy()` decides the health answer."""
+def stuck_watches(
+    informers: Iterable[Informer], qwd: Contact, now: float, bound: float = WATCH_STALL_SECONDS
+) -> dict[str, int]:
+    """Seconds of silence of each watch that heard nothing from the API server for longer than `bound`.
+
+    kopf's watch of QwenDeployments hands over no sign of its own restarts, only events, so with none
+    changing its contact is the resync's LIST: it gets a resync period more."""
+    watches = [(i.name, i.contact, bound) for i in informers]
+    watches.append((QWD_WATCH, qwd, bound + RESYNC_SECONDS))
+    return {
+        name: round(contact.silent_for(now) or 0)
+        for name, contact, limit in watches
+        if contact.stalled(now, limit)
+    }
+
+
+def health(caches: Caches, queue: WorkQueue, bound: float = WATCH_STALL_SECONDS) -> dict[str, Any]:
+    """The body of /healthz; "ok" false when a watch is stuck. A follower waiting for the Lease runs no
+    watch (none has started), so it is healthy: waiting is its job."""
+    stuck = stuck_watches(caches.all(), queue.qwd_contact, time.monotonic(), bound)
+    if not stuck:
+        return {"ok": True}
+    # Said here too: the kubelet's restart for it leaves only this log to say why.
+    log.warning("watches silent for over %.0f s (s of silence): %s", bound, stuck)
+    return {"ok": False, "stuck": stuck, "boundSeconds": bound}
+
+
+async def serve_metrics(port: int, healthy: Callable[[], dict[str, Any]]) -> web.AppRunner:
+    """Serve /metrics and /healthz on all addresses; `healthy()` is the health answer ("ok": 200 or 503)."""
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_: web.Request) -> web.Response:
-        ok = healthy()
-        return web.json_response({"ok": ok}, status=200 if ok else 503)
+        answer = healthy()
+        return web.json_response(answer, status=200 if answer["ok"] else 503)
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
@@ -79,11 +112,9 @@ def run(
     caches = Caches(namespaces)
     queue = WorkQueue(Cluster(caches=caches))
     handlers.install(queue)
-    started = threading.Event()
 
     async def main() -> None:
-        runner = await serve_metrics(metrics_port, started.is_set)
-        started.set()  # a waiting follower is healthy too: waiting is its job
+        runner = await serve_metrics(metrics_port, lambda: health(caches, queue))
         try:
             if election is None:
                 LEADER.set(1)
@@ -108,6 +139,7 @@ async def operate(queue: WorkQueue, namespaces: list[str]) -> None:
     await asyncio.to_thread(caches.start)
     settings = kopf.OperatorSettings()  # handlers.configure() fills it in at kopf's start-up
     resync = asyncio.create_task(queue.resync_forever(namespaces, RESYNC_SECONDS))
+    queue.qwd_contact.heard()
     try:
         await kopf.operator(
             clusterwide=not namespaces,
@@ -121,6 +153,7 @@ async def operate(queue: WorkQueue, namespaces: list[str]) -> None:
         )
     finally:
         resync.cancel()
+        queue.qwd_contact.ended()
         caches.stop()
         # kopf leaves its handler threads running: queued work is dropped, running reconciles finish;
         # retries and scheduled looks are cancelled.

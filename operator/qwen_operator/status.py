@@ -79,6 +79,8 @@ class Observed:
     foreign: list[str] = field(default_factory=list)
     #: (reason, message) of the last failed reconcile; None after a good one.
     failure: tuple[str, str] | None = None
+    #: status.engineUpdate while the engines run a pod an earlier operator version rendered (upgrade.py).
+    engine_update: dict[str, Any] | None = None
 
     @property
     def plan_errors(self) -> list[str]:
@@ -484,6 +486,7 @@ def compute_status(
         "plan": obs.review.plan_dict() if obs.review else None,
         "autoscaling": _autoscaling_status(obs),
         "gateway": _gateway_status(obs),
+        "engineUpdate": obs.engine_update,
     }
     status.update({k: v for k, v in optional.items() if v is not None})
     return _without_nulls(status)
@@ -496,6 +499,22 @@ def _without_nulls(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_nulls(v) for v in value]
     return value
+
+
+def merge_patch(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`: changed and added keys, None (null)
+    for every key `new` no longer has, lists whole. Empty when nothing changed: no write at all. A key
+    that stops applying (plan.yarnFactor after maxModelLen drops below 40960) is removed, not kept."""
+    old = old or {}
+    patch: dict[str, Any] = {k: None for k in old if k not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            if nested := merge_patch(before, value):
+                patch[key] = nested
+        elif value != before or key not in old:
+            patch[key] = value
+    return patch
 
 
 def _phase(conds: dict[str, dict[str, Any]]) -> str:

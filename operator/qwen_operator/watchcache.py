@@ -11,6 +11,10 @@ Writes go through too (`Store.put` of a write's answer): the next reconcile must
 write missing, or it would write again. A store keeps the newer of two versions of an object by
 resourceVersion (etcd's revision, an integer in every API server this operator supports), the rule of
 client-go's mutation cache, so a late watch event never replaces a newer written answer.
+
+Each informer keeps a `Contact`: when it last heard from the API server (a LIST page, a watch event or
+bookmark, a watch the server ended at its timeout). An idle collection still hears at least every
+WATCH_SECONDS, so one silent for much longer is stuck, and /healthz says so (runtime.py).
 """
 
 from __future__ import annotations
@@ -125,6 +129,28 @@ class Store:
         return len(self._objects)
 
 
+class Contact:
+    """When a watch last heard from the API server (monotonic seconds); None while it is not meant to
+    run (not started, stopped, or a forbidden or absent collection: not watched on purpose)."""
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+
+    def heard(self) -> None:
+        """An answer came; also called as the watch starts (its first answer is due from then)."""
+        self.last = time.monotonic()
+
+    def ended(self) -> None:
+        self.last = None
+
+    def silent_for(self, now: float) -> float | None:
+        return None if self.last is None else now - self.last
+
+    def stalled(self, now: float, bound: float) -> bool:
+        silent = self.silent_for(now)
+        return silent is not None and silent > bound
+
+
 class Informer:
     """One collection (a path such as /api/v1/pods, with selectors) mirrored into `store`.
 
@@ -156,16 +182,27 @@ class Informer:
         self.synced = threading.Event()
         self.forbidden = False
         self.absent = False
+        self.contact = Contact()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> Informer:
+        self.contact.heard()
         self._thread = threading.Thread(target=self._run, name=f"informer {self.name}", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stopped.set()
+        self.contact.ended()
+
+    def stalled(self, now: float, bound: float) -> bool:
+        """True when this informer should be watching and heard nothing from the server for `bound` s."""
+        return self.contact.stalled(now, bound)
+
+    def _heard(self) -> None:
+        if not self._stopped.is_set():  # the loop's last steps after stop() are no sign of a watch
+            self.contact.heard()
 
     # --- the loop --------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -182,6 +219,7 @@ class Informer:
                 if exc.status in (403, 404) and not self.synced.is_set():
                     self.forbidden, self.absent = exc.status == 403, exc.status == 404
                     log.info("%s: %s, not cached", self.name, "forbidden" if self.forbidden else "not served")
+                    self.contact.ended()
                     self.synced.set()
                     return
                 log.warning("%s: %s %s, retrying in %.0f s", self.name, exc.status, exc.reason, wait)
@@ -215,6 +253,7 @@ class Informer:
         while True:
             query = [*self.query, ("limit", PAGE)] + ([("continue", token)] if token else [])
             page = json.loads(self._request(query, stream=False).read())
+            self._heard()
             # A LIST's items omit their apiVersion and kind (a watch's objects have them): put them back,
             # so that a cached object compares equal to the object as it is applied.
             kind = {
@@ -253,6 +292,7 @@ class Informer:
                     if obj.get("code") == 410:
                         raise _Expired()
                     raise ApiException(status=obj.get("code"), reason=obj.get("message"))
+                self._heard()
                 version = obj.get("metadata", {}).get("resourceVersion", version)
                 if kind == "BOOKMARK":
                     continue
@@ -263,6 +303,9 @@ class Informer:
                     self._report(str(kind), obj)
         finally:
             resp.response.release_conn()
+        # The server ended it (its timeoutSeconds): contact, the proof that an idle watch is alive. A
+        # watch accepted and then silent is not: its read times out instead, and raises.
+        self._heard()
         return version
 
     def _report(self, kind: str, obj: Obj) -> None:

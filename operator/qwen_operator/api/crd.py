@@ -195,6 +195,20 @@ def status_schema() -> dict[str, Any]:
                     },
                 },
             },
+            "engineUpdate": {
+                "type": "object",
+                "description": "Present while the engines run a pod an earlier operator version rendered "
+                "for this spec, held until the spec is next edited (spec.engine.upgradePolicy).",
+                "properties": {
+                    "available": {"type": "boolean", "description": "Always true when present."},
+                    "changes": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "description": "Paths of the pod template a rollout to the new form would change.",
+                    },
+                    "message": {"type": "string", "description": "What runs, and how to take the update."},
+                },
+            },
             "conditions": {
                 "type": "array",
                 "description": "Typed conditions: Ready, ConfigValid, CapacityFit, Scheduled, Progressing, "

@@ -573,6 +573,13 @@ class Engine(Model):
         default=120, ge=0, le=3600, description="Time for in-flight requests to finish on shutdown."
     )
     priority_class_name: str | None = Field(default=None, description="PriorityClass of engine pods.")
+    upgrade_policy: Literal["OnEdit", "Immediate"] = Field(
+        default="OnEdit",
+        description="When a new operator version renders another engine pod for an unchanged spec (a "
+        "default flag, image or pod setting changed): OnEdit keeps the running engines until the "
+        "QwenDeployment's spec is next edited, and status.engineUpdate says what would change; Immediate "
+        "rolls them to the new form at once. Edits always apply (docs/reliability.md).",
+    )
 
 
 class ScalingBehavior(Model):

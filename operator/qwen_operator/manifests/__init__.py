@@ -27,6 +27,8 @@ class ClusterFacts:
 
     free_gpus: int | None = None  # allocatable minus requested GPUs on nodes of the pool
     missing_crds: frozenset[str] = field(default_factory=frozenset)
+    #: The strategy of the engine rollout under way (Rollout.kept), which is not chosen again.
+    rollout_under_way: Rollout | None = None
 
 
 @dataclass
@@ -42,7 +44,7 @@ def build_children(review: Review, facts: ClusterFacts | None = None) -> Childre
     """Every child object of a valid QwenDeployment, in apply order."""
     facts = facts or ClusterFacts()
     spec = review.resource.spec
-    rollout = Rollout.choose(facts.free_gpus, review.plan.gpus_per_replica)
+    rollout = facts.rollout_under_way or Rollout.choose(facts.free_gpus, review.plan.gpus_per_replica)
     objects = [
         *build_gateway(review, GatewayConfig.of(review)),
         *build_routes(review),

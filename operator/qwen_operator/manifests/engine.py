@@ -9,8 +9,9 @@ from .. import names
 from ..api.catalog import DEFAULT_ENGINE_IMAGE
 from ..api.engine import ENGINE_COMMAND, ENGINE_PORT, engine_args
 from ..api.pool import NodePool
+from ..api.quantity import canonical
 from ..api.review import Review
-from ..api.rollout import Rollout
+from ..api.rollout import ROLLOUT_ANNOTATION, Rollout
 from .meta import metadata
 
 MODEL_CACHE_PATH = "/models"
@@ -59,10 +60,13 @@ def _volumes(review: Review) -> list[dict[str, Any]]:
         weights_gib = math.ceil(
             review.plan.weights_bytes_per_gpu * review.plan.gpus_per_replica * 1.2 / 2**30
         )
-        model_volume = {"emptyDir": {"sizeLimit": cache.size_limit or f"{weights_gib}Gi"}}
+        model_volume = {"emptyDir": {"sizeLimit": canonical(cache.size_limit or f"{weights_gib}Gi")}}
     return [
         {"name": "model-cache", **model_volume},
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.engine.resources.shm_size}},
+        {
+            "name": "dshm",
+            "emptyDir": {"medium": "Memory", "sizeLimit": canonical(spec.engine.resources.shm_size)},
+        },
     ]
 
 
@@ -71,6 +75,8 @@ def _container(review: Review) -> dict[str, Any]:
     e = spec.engine
     gpus = review.plan.gpus_per_replica
     startup = startup_seconds(review)
+    # As the API server stores them, so that the Deployment read back matches (api/quantity.py).
+    cpu, memory = canonical(e.resources.cpu), canonical(e.resources.memory)
     probe = {"httpGet": {"path": HEALTH_PATH, "port": "http"}}
     return {
         "name": "vllm",
@@ -81,11 +87,11 @@ def _container(review: Review) -> dict[str, Any]:
         "env": _env(review),
         "resources": {
             "requests": {
-                "cpu": e.resources.cpu,
-                "memory": e.resources.memory,
+                "cpu": cpu,
+                "memory": memory,
                 spec.gpu.resource_name: str(gpus),
             },
-            "limits": {"memory": e.resources.memory, spec.gpu.resource_name: str(gpus)},
+            "limits": {"memory": memory, spec.gpu.resource_name: str(gpus)},
         },
         "volumeMounts": [
             {"name": "model-cache", "mountPath": MODEL_CACHE_PATH},
@@ -138,9 +144,23 @@ def build_engine_deployment(review: Review, rollout: Rollout) -> dict[str, Any]:
             },
         },
     }
-    if spec.autoscaling is None:  # with autoscaling the HPA owns replicas: never write the field
+    annotations = body["metadata"]["annotations"] = {ROLLOUT_ANNOTATION: rollout.describe()}
+    if spec.autoscaling is None:
         body["spec"]["replicas"] = spec.effective_replicas
+    else:  # the HPA owns replicas: never write the field (reconcile.py hands it over first)
+        annotations[names.REPLICAS_OWNER_ANNOTATION] = "autoscaler"
     return body
+
+
+def hands_replicas_over(desired: dict[str, Any], live: dict[str, Any] | None) -> bool:
+    """True when applying `desired` (an engine Deployment) would drop a spec.replicas the operator set
+    itself: autoscaling was just turned on (or the Deployment predates the annotation)."""
+    if live is None or desired["kind"] != "Deployment" or "replicas" in desired["spec"]:
+        return False
+    if desired["metadata"].get("annotations", {}).get(names.REPLICAS_OWNER_ANNOTATION) != "autoscaler":
+        return False
+    owner = (live["metadata"].get("annotations") or {}).get(names.REPLICAS_OWNER_ANNOTATION)
+    return owner != "autoscaler" and live.get("spec", {}).get("replicas") is not None
 
 
 def build_engine_service(review: Review) -> dict[str, Any]:

@@ -1,0 +1,267 @@
+"""The pure parts of editing a QwenDeployment that serves: the status patch, canonical quantities, the
+replicas hand-off, the rollout strategy kept, and engine pods held across operator upgrades. The same
+transitions against the real API server are in e2e/test_transitions.py."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from qwen_operator import names
+from qwen_operator.api.quantity import canonical
+from qwen_operator.api.review import review
+from qwen_operator.api.rollout import ROLLOUT_ANNOTATION, Rollout, rollout_complete
+from qwen_operator.manifests import ClusterFacts, build_children
+from qwen_operator.manifests.engine import hands_replicas_over
+from qwen_operator.manifests.upgrade import (
+    ENGINE_GENERATION,
+    ENGINE_TEMPLATE,
+    UNRECORDED,
+    hold_engine_template,
+)
+from qwen_operator.objects import changed_paths, content_hash
+from qwen_operator.status import merge_patch
+from test_status import example, reviewed
+
+# --- status: exactly the computed one -------------------------------------------------------------
+
+
+def test_a_status_key_that_stops_applying_is_removed_by_the_patch() -> None:
+    old = {"plan": {"maxModelLen": 131072, "yarnFactor": 4, "fits": True}, "phase": "Ready"}
+    new = {"plan": {"maxModelLen": 32768, "fits": True}, "phase": "Ready"}
+    assert merge_patch(old, new) == {"plan": {"maxModelLen": 32768, "yarnFactor": None}}
+
+
+def test_an_unchanged_status_is_no_patch_at_all() -> None:
+    status = {"phase": "Ready", "conditions": [{"type": "Ready", "status": "True"}], "plan": {"a": 1}}
+    assert merge_patch(copy.deepcopy(status), status) == {}
+
+
+def test_lists_are_replaced_whole_and_removed_objects_become_null() -> None:
+    old = {"conditions": [{"type": "A"}], "engineUpdate": {"available": True}, "gateway": {"auth": "apiKeys"}}
+    new = {"conditions": [{"type": "A"}, {"type": "B"}], "gateway": {}}
+    assert merge_patch(old, new) == {
+        "conditions": [{"type": "A"}, {"type": "B"}],
+        "engineUpdate": None,
+        "gateway": {"auth": None},
+    }
+    assert merge_patch(None, {"phase": "Ready"}) == {"phase": "Ready"}
+
+
+def _apply_merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386, as the API server applies it (to check merge_patch against its definition)."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _apply_merge_patch(out.get(key), value)
+    return out
+
+
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        ({"a": {"b": 1, "c": [1]}, "d": 2}, {"a": {"c": [2]}, "e": {"f": {}}}),
+        ({"a": 1}, {"a": {"b": 1}}),
+        ({"a": {"b": 1}}, {"a": 1}),
+        ({}, {}),
+    ],
+)
+def test_the_patch_applied_gives_the_new_status(old: dict[str, Any], new: dict[str, Any]) -> None:
+    assert _apply_merge_patch(old, merge_patch(old, new)) == new
+
+
+# --- quantities as the API server stores them ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "written,stored",
+    [
+        ("0.5", "500m"),
+        ("65536Mi", "64Gi"),
+        ("64Gi", "64Gi"),
+        ("1000", "1k"),
+        ("1500", "1500"),
+        (8, "8"),
+        ("1.5Gi", "1536Mi"),
+        ("0.5Gi", "512Mi"),
+        ("19.5G", "19500M"),
+        ("2000m", "2"),
+        ("0", "0"),
+        ("512", "512"),
+        ("0.5Ki", "512"),
+        ("1024Mi", "1Gi"),
+        ("1.3Gi", "1395864371200m"),
+        ("0.0000000001", "1n"),
+    ],
+)
+def test_quantities_are_rendered_in_the_servers_canonical_form(written: Any, stored: str) -> None:
+    assert canonical(written) == stored
+
+
+def test_the_engine_pod_carries_canonical_quantities() -> None:
+    dep = _engine_deployment(engine={"resources": {"cpu": "0.5", "memory": "65536Mi", "shmSize": "1024Mi"}})
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["requests"]["cpu"] == "500m"
+    assert (
+        container["resources"]["requests"]["memory"] == container["resources"]["limits"]["memory"] == "64Gi"
+    )
+    shm = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["sizeLimit"] == "1Gi"
+
+
+def _autoscaled(spec: dict[str, Any]) -> Any:
+    body = example("a100-80gb-tp2-bf16")
+    body["spec"].pop("replicas", None)
+    body["spec"].update(spec)
+    return review(body)
+
+
+# --- replicas handed over to the autoscaler -------------------------------------------------------------
+
+
+def _engine_deployment(**spec: Any) -> dict[str, Any]:
+    rev = reviewed(**spec) if "autoscaling" not in spec else _autoscaled(spec)
+    name = names.engine(rev.resource)
+    return next(
+        o for o in build_children(rev).objects if o["kind"] == "Deployment" and o["metadata"]["name"] == name
+    )
+
+
+def test_turning_autoscaling_on_hands_the_live_replicas_over_first() -> None:
+    fixed = _engine_deployment(replicas=3)
+    scaled = _engine_deployment(autoscaling={"minReplicas": 2, "maxReplicas": 4})
+    assert "replicas" not in scaled["spec"]
+    assert scaled["metadata"]["annotations"][names.REPLICAS_OWNER_ANNOTATION] == "autoscaler"
+    live_fixed = copy.deepcopy(fixed)
+    assert hands_replicas_over(scaled, live_fixed), "fixed -> autoscaled: hand over"
+    live_scaled = copy.deepcopy(scaled) | {"spec": {**scaled["spec"], "replicas": 3}}
+    assert not hands_replicas_over(scaled, live_scaled), "already the autoscaler's: nothing to hand over"
+    assert not hands_replicas_over(scaled, None), "a new Deployment starts at the HPA's minimum"
+    assert not hands_replicas_over(fixed, live_scaled), "back to fixed: the operator's apply takes it"
+
+
+# --- the rollout strategy kept -------------------------------------------------------------------------
+
+
+def _rolling(mode_text: str, done: bool, surge: int = 1) -> dict[str, Any]:
+    return {
+        "metadata": {"generation": 4, "annotations": {ROLLOUT_ANNOTATION: mode_text}},
+        "spec": {"replicas": 2, "strategy": {"rollingUpdate": {"maxSurge": surge}}},
+        "status": {
+            "observedGeneration": 4,
+            "replicas": 2 if done else 3,
+            "updatedReplicas": 2 if done else 1,
+            "availableReplicas": 2,
+        },
+    }
+
+
+def test_a_rollout_keeps_the_strategy_it_started_with() -> None:
+    started = "Surge: the pool has the 2 free GPUs of a surge replica"
+    assert Rollout.kept(_rolling(started, done=True)) is None, "no rollout: chosen again"
+    kept = Rollout.kept(_rolling(started, done=False))
+    assert kept == Rollout("Surge", "the pool has the 2 free GPUs of a surge replica")
+    # The surge pod itself took the free GPUs: choosing again would now say InPlace.
+    facts = ClusterFacts(free_gpus=0, rollout_under_way=kept)
+    assert build_children(reviewed(), facts).rollout.mode == "Surge"
+    assert build_children(reviewed(), ClusterFacts(free_gpus=0)).rollout.mode == "InPlace"
+
+
+def test_surge_is_given_up_only_when_its_pod_cannot_be_scheduled() -> None:
+    started = "Surge: the pool has the 2 free GPUs of a surge replica"
+    given_up = Rollout.kept(_rolling(started, done=False), unschedulable=True)
+    assert given_up is not None and given_up.mode == "InPlace" and "cannot be scheduled" in given_up.reason
+
+
+def test_a_deployment_of_an_earlier_release_keeps_its_strategy_by_its_max_surge() -> None:
+    old = _rolling("", done=False, surge=0)
+    del old["metadata"]["annotations"]
+    kept = Rollout.kept(old)
+    assert kept is not None and kept.mode == "InPlace"
+    assert rollout_complete(_rolling("", done=True))
+    assert not rollout_complete(_rolling("", done=True) | {"metadata": {"generation": 5}})
+
+
+# --- operator upgrades hold the running engine pod ------------------------------------------------------
+
+
+def _live(desired: dict[str, Any], generation: int, template_hash: str | None) -> dict[str, Any]:
+    live = copy.deepcopy(desired)
+    live["spec"]["template"]["metadata"]["creationTimestamp"] = None
+    live["spec"]["template"]["spec"]["dnsPolicy"] = "ClusterFirst"  # a server default
+    if template_hash is not None:
+        annotations = live["metadata"].setdefault("annotations", {})
+        annotations |= {ENGINE_GENERATION: str(generation), ENGINE_TEMPLATE: template_hash}
+    return live
+
+
+def _with_new_default(desired: dict[str, Any]) -> dict[str, Any]:
+    newer = copy.deepcopy(desired)
+    newer["spec"]["template"]["spec"]["containers"][0]["args"].append("--a-new-default")
+    return newer
+
+
+def test_an_unchanged_spec_keeps_the_pod_an_earlier_version_rendered() -> None:
+    before = _engine_deployment()
+    live = _live(before, 3, content_hash(before["spec"]["template"]))
+    after = _with_new_default(before)
+    held = hold_engine_template(after, live, generation=3, reconciled_generation=3, policy="OnEdit")
+    assert (
+        held.deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        == (before["spec"]["template"]["spec"]["containers"][0]["args"])
+    )
+    assert "creationTimestamp" not in held.deployment["spec"]["template"]["metadata"]
+    assert held.changes == [".spec.containers[0].args"]
+    assert held.deployment["metadata"]["annotations"][ENGINE_TEMPLATE] == content_hash(
+        before["spec"]["template"]
+    )
+
+
+def test_an_edit_or_immediate_takes_the_new_rendering() -> None:
+    before = _engine_deployment()
+    live = _live(before, 3, content_hash(before["spec"]["template"]))
+    after = _with_new_default(before)
+    for generation, policy in ((4, "OnEdit"), (3, "Immediate")):
+        held = hold_engine_template(after, live, generation, 3, policy)
+        assert held.changes == [] and held.deployment["spec"]["template"] == after["spec"]["template"]
+        annotations = held.deployment["metadata"]["annotations"]
+        assert annotations[ENGINE_GENERATION] == str(generation)
+        assert annotations[ENGINE_TEMPLATE] == content_hash(after["spec"]["template"])
+
+
+def test_the_same_rendering_is_applied_as_rendered_so_hand_edits_are_reverted() -> None:
+    before = _engine_deployment()
+    live = _live(before, 3, content_hash(before["spec"]["template"]))
+    live["spec"]["template"]["spec"]["containers"][0]["image"] = "evil:latest"
+    held = hold_engine_template(before, live, 3, 3, "OnEdit")
+    assert held.changes == [] and held.deployment["spec"]["template"] == before["spec"]["template"]
+
+
+def test_a_deployment_of_v0_1_0_is_held_when_its_status_says_it_runs_this_generation() -> None:
+    before = _engine_deployment()
+    live = _live(before, 3, None)  # v0.1.0 wrote neither annotation
+    after = _with_new_default(before)
+    held = hold_engine_template(after, live, 3, reconciled_generation=3, policy="OnEdit")
+    assert held.changes == [".spec.containers[0].args"]
+    assert held.deployment["metadata"]["annotations"][ENGINE_TEMPLATE] == UNRECORDED
+    # The same pod in both versions: recorded as this rendering, nothing held.
+    same = hold_engine_template(before, live, 3, reconciled_generation=3, policy="OnEdit")
+    assert same.changes == []
+    assert same.deployment["metadata"]["annotations"][ENGINE_TEMPLATE] == content_hash(
+        before["spec"]["template"]
+    )
+    # Edited while no operator ran (the status is of an older generation): the edit applies.
+    edited = hold_engine_template(after, live, 4, reconciled_generation=3, policy="OnEdit")
+    assert edited.changes == [] and edited.deployment["spec"]["template"] == after["spec"]["template"]
+
+
+def test_changed_paths_name_what_differs_and_ignore_server_defaults() -> None:
+    live = {"a": {"b": [1, 2], "c": "x", "default": 1}, "d": [1]}
+    assert changed_paths(live, {"a": {"b": [1, 3], "c": "x"}, "d": [1, 2]}) == [".a.b[1]", ".d"]
+    assert changed_paths(live, {"a": {"c": "x"}}) == []

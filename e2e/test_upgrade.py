@@ -16,6 +16,7 @@ tests is kwok's, not a real engine's (e2e/test_real_serving.py serves for real).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -284,6 +285,18 @@ def test_upgrade_writes_only_what_changed_form(
         n for n in names if after.replica_sets.get(f"{n}-engine") != before.replica_sets.get(f"{n}-engine")
     ]
     print(f"[upgrade] engines with a new ReplicaSet: {restarted or 'none'}")
+    # Operator upgrades never restart engines on their own (manifests/upgrade.py): a pod template this
+    # version renders otherwise is held, and the status says so.
+    assert not restarted, f"the upgrade restarted engines: {restarted}"
+    assert after.engine_pods == before.engine_pods, "engine pods were replaced"
+    for name in names:
+        paths = changed.get(("deployments", f"{name}-engine"), [])
+        update = kubectl_json(cluster, "-n", namespace, "get", "qwd", name)["status"].get("engineUpdate")
+        if any(p.startswith(".spec.template") for p in paths):
+            assert update and update["available"], f"{name}: engine pod held but no status.engineUpdate"
+            print(f"[upgrade] {name}: status.engineUpdate {update['changes']}")
+        else:
+            assert update is None, f"{name}: status.engineUpdate without a changed pod: {update}"
 
     unchanged = sorted(before.children - set(changed))
     print(
@@ -292,10 +305,93 @@ def test_upgrade_writes_only_what_changed_form(
     assert unchanged, "no child kept its form: nothing to check"
     wrote = {key: writes[key] for key in unchanged if writes[key]}
     assert not wrote, f"children whose rendered form did not change were written: {wrote}"
-    for name in restarted:
-        paths = changed.get(("deployments", f"{name}-engine"), [])
-        assert any(p.startswith(".spec.template") for p in paths), (
-            f"{name}-engine restarted, template unchanged"
-        )
-    if not restarted:
-        assert after.engine_pods == before.engine_pods, "engine pods were replaced without a new ReplicaSet"
+
+
+#: The next release, simulated: the working tree's operator with one more default engine flag.
+NEXT_DEFAULT = ("--max-logprobs", "8")
+
+
+def next_release(tmp: Path) -> Path:
+    """A copy of the working tree's operator code whose engine command line has NEXT_DEFAULT appended
+    to the flags every spec gets (what a release that changes a default does)."""
+    source = tmp / "next"
+    shutil.copytree(REPO / "operator", source / "operator", ignore=shutil.ignore_patterns("__pycache__"))
+    engine = source / "operator" / "qwen_operator" / "api" / "engine.py"
+    text = engine.read_text()
+    anchor = '"--kv-cache-dtype", e.kv_cache_dtype,\n'
+    assert anchor in text, "the anchor of the simulated default moved: update NEXT_DEFAULT's edit"
+    flag, value = NEXT_DEFAULT
+    engine.write_text(text.replace(anchor, f'{anchor}        "{flag}", "{value}",\n', 1))
+    return source
+
+
+def _args(cluster: Any, ns: str, name: str) -> list[str]:
+    dep = kubectl_json(cluster, "-n", ns, "get", "deployment", f"{name}-engine")
+    return list(dep["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_a_changed_default_engine_flag_restarts_no_engine_until_the_user_opts_in(
+    cluster: Any, namespace: str, tmp_path: Path
+) -> None:
+    """This version's operator converges the examples; the next release (this one with another default
+    flag) takes over: no engine restarts, each status says an update is available; then an edit and
+    upgradePolicy Immediate each roll their engine to the new form, and the third stays held."""
+    crs = example_crs(namespace)
+    names = [cr["metadata"]["name"] for cr in crs]
+    nxt = next_release(tmp_path)
+    assert running_code(operator_env(nxt)).is_relative_to(nxt)
+    install(cluster)
+    kubeconfig = service_account_kubeconfig(cluster, tmp_path / "kubeconfig")
+    current = OperatorProcess(kubeconfig, tmp_path / "current.log").start()
+    try:
+        for cr in crs:
+            keys = cr["spec"]["gateway"]["apiKeysSecret"]
+            cluster.kubectl("-n", namespace, "create", "secret", "generic", keys, "--from-literal=a=sk-a")
+            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
+        settle(cluster, current, namespace, names, reconciles=len(crs))
+    finally:
+        current.stop()
+    before = snapshot(cluster, namespace)
+    generations = {
+        n: kubectl_json(cluster, "-n", namespace, "get", "deployment", f"{n}-engine")["metadata"][
+            "generation"
+        ]
+        for n in names
+    }
+    upgraded = OperatorProcess(kubeconfig, tmp_path / "next.log", env=operator_env(nxt)).start()
+    try:
+        settle(cluster, upgraded, namespace, names, reconciles=len(crs))
+        after = snapshot(cluster, namespace)
+        assert after.engine_pods == before.engine_pods, "the upgrade replaced engine pods"
+        assert after.replica_sets == before.replica_sets
+        for name in names:
+            dep = kubectl_json(cluster, "-n", namespace, "get", "deployment", f"{name}-engine")
+            assert dep["metadata"]["generation"] == generations[name], f"{name}-engine spec was changed"
+            assert NEXT_DEFAULT[0] not in _args(cluster, namespace, name)
+            update = kubectl_json(cluster, "-n", namespace, "get", "qwd", name)["status"]["engineUpdate"]
+            assert update["changes"] == [".spec.containers[0].args"], update
+            assert "upgradePolicy: Immediate" in update["message"]
+
+        opted, edited, held = names[0], names[1], names[2:]
+        cluster.kubectl(
+            "-n", namespace, "patch", "qwd", opted, "--type=merge",
+            "-p", '{"spec":{"engine":{"upgradePolicy":"Immediate"}}}',
+        )  # fmt: skip
+        cluster.kubectl(
+            "-n", namespace, "patch", "qwd", edited, "--type=merge",
+            "-p", '{"spec":{"gateway":{"rateLimit":{"requestsPerMinute":77}}}}',
+        )  # fmt: skip
+        for name in (opted, edited):
+            wait_until(lambda n=name: NEXT_DEFAULT[0] in _args(cluster, namespace, n), 60, f"{name} rolled")
+        settle(cluster, upgraded, namespace, names, reconciles=len(crs) + 2)
+        final = snapshot(cluster, namespace)
+        for name in (opted, edited):
+            qwd = kubectl_json(cluster, "-n", namespace, "get", "qwd", name)
+            assert "engineUpdate" not in qwd["status"], f"{name}: stale engineUpdate"
+            assert final.replica_sets[f"{name}-engine"] != before.replica_sets[f"{name}-engine"]
+        for name in held:
+            assert final.replica_sets[f"{name}-engine"] == before.replica_sets[f"{name}-engine"]
+            assert NEXT_DEFAULT[0] not in _args(cluster, namespace, name)
+    finally:
+        upgraded.stop()
+        print(f"\n--- next-release operator log (tail) ---\n{upgraded.tail(15)}")

@@ -324,7 +324,7 @@ def test_gateway_auth_and_monitoring_switched_leave_an_exact_status(
     assert obj["status"]["gateway"]["apiKeysSecret"] == f"{name}-api-keys"
     pods = engine_pods(cluster, namespace, name)
 
-    patch(cluster, namespace, name, {"gateway": {"auth": "none"}})
+    patch(cluster, namespace, name, {"gateway": {"auth": "none", "apiKeysSecret": None}})
     obj = settled(cluster, namespace, name)
     assert obj["status"]["gateway"] == {"auth": "none", "apiKeysSecretGenerated": False}, obj["status"][
         "gateway"
@@ -340,7 +340,11 @@ def test_gateway_auth_and_monitoring_switched_leave_an_exact_status(
     )
     patch(cluster, namespace, name, {"gateway": {"enabled": True, "auth": "apiKeys"}})
     obj = settled(cluster, namespace, name)
-    assert obj["status"]["gateway"]["auth"] == "apiKeys"
+    assert obj["status"]["gateway"] == {
+        "auth": "apiKeys",
+        "apiKeysSecret": f"{name}-gateway-api-keys",
+        "apiKeysSecretGenerated": True,
+    }, obj["status"]["gateway"]
 
     patch(cluster, namespace, name, {"monitoring": {"serviceMonitor": True, "prometheusRule": True}})
     settled(cluster, namespace, name)

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from qwen_devtools import serving
+from qwen_devtools.capacity import CapacityWatch
 from qwen_devtools.devcluster import cluster as devcluster
 from qwen_devtools.devcluster.nodecomponents import NODE_NAME
 from qwen_devtools.wait import wait_until
@@ -272,6 +273,98 @@ def test_scaled_to_two_replicas_the_new_engine_gets_traffic(served: Served) -> N
         return _engine_requests(second) > before
 
     wait_until(new_engine_answered, 120, "a request answered by the new engine", interval=0.5)
+
+
+class _Traffic:
+    """Chat requests through the gateway, one after another, until stopped: every status kept."""
+
+    def __init__(self, served: Served, key: str) -> None:
+        self.served, self.key = served, key
+        self.results: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            status, _ = serving.chat(self.served.url, self.key, "Count to three.", max_tokens=4, timeout=120)
+            self.results.append(status)
+            time.sleep(0.3)
+
+    def __enter__(self) -> _Traffic:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=150)
+
+    def failed(self) -> list[int]:
+        assert self.results, "no request was sent"
+        return [s for s in self.results if s != 200]
+
+
+def test_autoscaling_turned_on_and_off_under_traffic_keeps_both_engines(served: Served) -> None:
+    """Real engines, real requests: replicas 2 -> autoscaling {2, 3} -> replicas 2. The replicas field
+    passes to the HPA at its value (the documented hand-off) and back: no engine stops, no request fails."""
+    engines = {p["metadata"]["uid"] for p in served.pods(ENGINE_SELECTOR)}
+    assert len(engines) == 2, "runs after the scale-out to two replicas"
+    api = served.cluster.api_client()
+    with (
+        CapacityWatch(api, NAMESPACE, f"{NAME}-engine", f"{NAME}-engine") as seen,
+        _Traffic(served, served.key) as t,
+    ):
+        start = time.time()
+        served.patch({"replicas": None, "autoscaling": {"minReplicas": 2, "maxReplicas": 3}})
+        wait_until(lambda: "autoscaling" in served.qwd()["status"], 60, "status.autoscaling")
+        time.sleep(20)  # the HPA's first looks
+        served.patch({"autoscaling": None, "replicas": 2})
+        wait_until(lambda: "autoscaling" not in served.qwd()["status"], 60, "no status.autoscaling")
+        time.sleep(10)
+    assert t.failed() == [], f"{len(t.failed())} of {len(t.results)} requests failed"
+    assert min(r or 0 for r in seen.replicas_seen(start)) >= 2, seen.replicas_seen(start)
+    assert seen.lowest(start) >= (2, 2), f"capacity dropped: {seen.lowest(start)}"
+    assert {p["metadata"]["uid"] for p in served.pods(ENGINE_SELECTOR)} == engines, "an engine was replaced"
+    print(f"[transitions] autoscaling on/off: {len(t.results)} requests, 0 failed, capacity kept 2/2")
+
+
+def test_api_key_rotation_under_traffic_fails_no_request(served: Served) -> None:
+    """A new key added to the Secret works once the gateway reloads, the old one keeps working meanwhile;
+    removed, the old key is refused. No request with a valid key fails, no gateway pod restarts."""
+    secret = served.qwd()["spec"]["gateway"]["apiKeysSecret"]
+    gateways = {p["metadata"]["uid"] for p in served.pods(GATEWAY_SELECTOR)}
+    new_key = f"sk-{secrets.token_urlsafe(24)}"
+    with _Traffic(served, served.key) as old_traffic:
+        served.cluster.kubectl(
+            "-n", NAMESPACE, "patch", "secret", secret, "--type=merge",
+            "-p", json.dumps({"stringData": {"rotated": new_key}}),
+        )  # fmt: skip
+        wait_until(
+            lambda: serving.chat(served.url, new_key, "Hi.", max_tokens=2)[0] == 200,
+            180,
+            "new key",
+            interval=2,
+        )
+    assert old_traffic.failed() == [], f"the old key failed during the rotation: {old_traffic.failed()}"
+    with _Traffic(served, new_key) as new_traffic:
+        old, served.key = served.key, new_key
+        current = served.kubectl_json("-n", NAMESPACE, "get", "secret", secret)["data"]
+        demo = next(k for k in current if k != "rotated")
+        served.cluster.kubectl(
+            "-n", NAMESPACE, "patch", "secret", secret, "--type=json",
+            "-p", json.dumps([{"op": "remove", "path": f"/data/{demo}"}]),
+        )  # fmt: skip
+        wait_until(
+            lambda: serving.chat(served.url, old, "Hi.", max_tokens=2)[0] == 401,
+            180,
+            "old key refused",
+            interval=2,
+        )
+    assert new_traffic.failed() == [], f"the new key failed: {new_traffic.failed()}"
+    assert {p["metadata"]["uid"] for p in served.pods(GATEWAY_SELECTOR)} == gateways, (
+        "a gateway pod restarted"
+    )
+    sent = len(old_traffic.results) + len(new_traffic.results)
+    print(f"[transitions] key rotation: {sent} requests, 0 failed")
 
 
 def test_gateway_pods_meet_restricted_engines_need_baseline(served: Served) -> None:

@@ -5,16 +5,19 @@ transitions against the real API server are in e2e/test_transitions.py."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
 
+from qwen_devtools.repo import REPO
 from qwen_operator import names
 from qwen_operator.api.quantity import canonical
 from qwen_operator.api.review import review
 from qwen_operator.api.rollout import ROLLOUT_ANNOTATION, Rollout, rollout_complete
 from qwen_operator.manifests import ClusterFacts, build_children
 from qwen_operator.manifests.engine import hands_replicas_over
+from qwen_operator.manifests.transition import edit_impact
 from qwen_operator.manifests.upgrade import (
     ENGINE_GENERATION,
     ENGINE_TEMPLATE,
@@ -23,6 +26,7 @@ from qwen_operator.manifests.upgrade import (
 )
 from qwen_operator.objects import changed_paths, content_hash
 from qwen_operator.status import merge_patch
+from support import run_cli
 from test_status import example, reviewed
 
 # --- status: exactly the computed one -------------------------------------------------------------
@@ -265,3 +269,37 @@ def test_changed_paths_name_what_differs_and_ignore_server_defaults() -> None:
     live = {"a": {"b": [1, 2], "c": "x", "default": 1}, "d": [1]}
     assert changed_paths(live, {"a": {"b": [1, 3], "c": "x"}, "d": [1, 2]}) == [".a.b[1]", ".d"]
     assert changed_paths(live, {"a": {"c": "x"}}) == []
+
+
+# --- `qwen-operator plan --from`: what an edit does, offline ----------------------------------------------
+
+
+def test_an_engine_edit_on_a_full_pool_is_announced_as_downtime_for_one_replica() -> None:
+    old, new = reviewed(), reviewed(engine={"maxModelLen": 16384})
+    full = edit_impact(old, new, free_gpus=0)
+    assert full.restarts_engines and full.strategy.startswith("InPlace")
+    assert (full.lowest_serving, full.zero_downtime) == (0, False)
+    room = edit_impact(old, new, free_gpus=2)
+    assert room.strategy.startswith("Surge") and (room.lowest_serving, room.zero_downtime) == (1, True)
+
+
+def test_gateway_and_scaling_edits_keep_the_engines() -> None:
+    old = reviewed(replicas=3)
+    gateway = edit_impact(old, reviewed(replicas=3, gateway={"auth": "none"}), free_gpus=0)
+    assert not gateway.restarts_engines and gateway.lowest_serving == 3
+    down = edit_impact(old, reviewed(replicas=2), free_gpus=0)
+    assert not down.restarts_engines and down.lowest_serving == 2
+    handoff = edit_impact(old, _autoscaled({"autoscaling": {"minReplicas": 2, "maxReplicas": 4}}), 0)
+    assert not handoff.restarts_engines and handoff.lowest_serving == 3 and handoff.autoscaled_after
+
+
+def test_plan_from_prints_the_edit(tmp_path: Any) -> None:
+    old = REPO / "examples" / "a100-80gb-tp2-bf16.yaml"
+    new = tmp_path / "edit.yaml"
+    new.write_text(old.read_text().replace("maxModelLen: 32768", "maxModelLen: 16384"))
+    table = run_cli("plan", "-f", str(new), "--from", str(old))
+    assert table.returncode == 0, table.stderr
+    assert "DOWNTIME while the new engine starts" in table.stdout and "InPlace" in table.stdout
+    as_json = run_cli("plan", "-f", str(new), "--from", str(old), "--free-gpus", "2", "-o", "json")
+    edit = json.loads(as_json.stdout)["edit"]
+    assert edit["zeroDowntime"] and edit["rolloutStrategy"].startswith("Surge") and edit["restartsEngines"]

@@ -121,15 +121,45 @@ def _quote(arg: str) -> str:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     reviews, errors, invalid = _review_all(args.file)
+    edits = _edits(args, reviews) if args.from_file else {}
     if args.output == "json":
-        plans = [r.plan_dict() for r in reviews] + invalid
+        plans = [r.plan_dict() | _edit_dict(edits.get(_name(r))) for r in reviews] + invalid
         json.dump(plans[0] if len(plans) == 1 else plans, sys.stdout, indent=2)
         print()
     else:
-        print("\n\n".join(_table(r) for r in reviews))
+        print("\n\n".join(_table(r) + _edit_table(edits.get(_name(r))) for r in reviews))
     for e in errors:
         print(f"error: {e}", file=sys.stderr)
     return EXIT_INVALID if errors else 0
+
+
+def _name(r: Review) -> tuple[str, str]:
+    return r.resource.metadata.namespace, r.resource.metadata.name
+
+
+def _edits(args: argparse.Namespace, reviews: list[Review]) -> dict[tuple[str, str], Any]:
+    """The impact of each valid new spec on the running one of the same name in --from."""
+    from .manifests.transition import edit_impact  # the builders are not needed by a plain plan
+
+    running, errors, _ = _review_all(args.from_file)
+    if errors:
+        raise UsageError(f"--from {args.from_file}: " + "; ".join(errors))
+    old = {_name(r): r for r in running}
+    return {
+        _name(r): edit_impact(old[_name(r)], r, args.free_gpus) for r in reviews if r.ok and _name(r) in old
+    }
+
+
+def _edit_dict(impact: Any) -> dict[str, Any]:
+    return {} if impact is None else {"edit": impact.as_dict()}
+
+
+def _edit_table(impact: Any) -> str:
+    return (
+        ""
+        if impact is None
+        else "\nEdit of the running spec:\n" + "\n".join(f"  {line}" for line in impact.lines())
+    )
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -242,6 +272,20 @@ def parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="print the capacity plan; exit 1 when invalid or it does not fit")
     plan.add_argument("-f", "--file", required=True, help="QwenDeployment YAML ('-' for stdin)")
     plan.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    plan.add_argument(
+        "--from",
+        dest="from_file",
+        metavar="FILE",
+        help="the spec that runs now: also say what the edit to -f does to the engines (replaced or kept, "
+        "Surge or InPlace, how many serve at the worst moment)",
+    )
+    plan.add_argument(
+        "--free-gpus",
+        type=int,
+        metavar="N",
+        help="free GPUs in the pool, for --from (default: unknown, so InPlace, as the operator does "
+        "when it may not read nodes)",
+    )
     plan.set_defaults(func=cmd_plan)
     render = sub.add_parser("render", help="print every object the operator would create, as YAML")
     render.add_argument("-f", "--file", required=True, help="QwenDeployment YAML ('-' for stdin)")

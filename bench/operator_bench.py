@@ -428,6 +428,17 @@ def measure_rss_only(total: int, work: Path) -> list[dict[str, Any]]:
     ]
 
 
+def measure_burst_only(burst: int, work: Path) -> list[dict[str, Any]]:
+    """Part 2 alone, on 10 GPU nodes: the burst and its peer."""
+    with bench_cluster() as (cluster, api, audit):
+        run = Run(cluster, audit, "current", REPO, work)
+        run.operator.start()
+        try:
+            return [burst_row(cluster, api, audit, burst, 10)]
+        finally:
+            run.operator.stop()
+
+
 def burst_row(
     cluster: devcluster.Cluster, api: client.ApiClient, audit: Audit, burst: int, nodes: int
 ) -> dict[str, Any]:
@@ -453,6 +464,9 @@ def burst_row(
     log(f"  converged in {took:.1f} s: {sum(writes.values())} writes, {sum(reads.values())} reads")
     log(f"  writes by verb and resource: {dict(writes.most_common(8))}")
     log(f"  reads by verb and resource: {dict(reads.most_common(6))}")
+    status_writes = sum(n for key, n in writes.items() if "qwendeployments/status" in str(key))
+    event_writes = sum(n for key, n in writes.items() if "events" in str(key))
+    log(f"  per QwenDeployment: {status_writes / burst:.2f} status writes, {event_writes / burst:.2f} Events")
     ensure_namespace(cluster, "peer")
     objects = rendered("peer", burst)
     peer = peer_apply(api, objects)
@@ -468,6 +482,8 @@ def burst_row(
         "writes": sum(writes.values()),
         "peer_writes": len(objects),
         "reads": sum(reads.values()),
+        "status_writes_per_cr": round(status_writes / burst, 2),
+        "events_per_cr": round(event_writes / burst, 2),
         "top_writes": dict(writes.most_common(6)),
         "top_reads": dict(reads.most_common(4)),
     }
@@ -480,6 +496,7 @@ def main() -> None:
     parser.add_argument("--baseline", help="also measure the operator of this commit (part 1, 50 CRs)")
     parser.add_argument("--baseline-only", action="store_true", help="with --baseline: only the baseline")
     parser.add_argument("--rss-only", action="store_true", help="with --rss-crs: only the RSS measurement")
+    parser.add_argument("--burst-only", action="store_true", help="only the burst of QwenDeployments (part 2)")
     parser.add_argument(
         "--rss-crs",
         type=int,
@@ -499,6 +516,8 @@ def main() -> None:
         parser.error("--rss-only needs --rss-crs above 50")
     if args.rss_only:
         rows = measure_rss_only(args.rss_crs, work)
+    elif args.burst_only:
+        rows = measure_burst_only(burst, work)
     else:
         rows = measure_baseline(args.baseline, sweep, window, work) if args.baseline else []
         if not args.baseline_only:

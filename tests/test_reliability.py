@@ -18,6 +18,7 @@ import urllib3
 from kubernetes.client.rest import ApiException
 from prometheus_client import generate_latest
 
+from qwen_devtools.wait import wait_until
 from qwen_operator import workqueue
 from qwen_operator.k8s import describe_failure
 from qwen_operator.metrics import DEPLOYMENTS_READY, MANAGED_OBJECTS
@@ -344,6 +345,37 @@ def test_stop_and_forget_cancel_pending_retries_and_looks(monkeypatch: pytest.Mo
     assert queue.retried_at == {} and ("ns", "c") not in queue.failed_at, "ran after stop()"
     queue.trigger(("ns", "d"))
     assert ("ns", "d") not in queue.failed_at, "a trigger after stop() ran"
+
+
+class CountingQueue(WorkQueue):
+    """The real scheduler and pool around a reconcile that only counts its runs."""
+
+    def __init__(self) -> None:
+        super().__init__(cluster=None)  # type: ignore[arg-type]
+        self.runs: list[float] = []
+
+    def _run_once(self, key: Key) -> bool:
+        self.runs.append(time.monotonic())
+        return True
+
+
+def test_a_burst_of_child_events_is_one_reconcile_after_the_delay() -> None:
+    queue = CountingQueue()
+    started = time.monotonic()
+    for _ in range(50):  # a rollout's pod events
+        queue.trigger_soon(("ns", "a"), delay=0.1)
+    wait_until(lambda: queue.runs, 5, "the reconcile")
+    time.sleep(0.3)
+    assert len(queue.runs) == 1 and queue.runs[0] - started >= 0.1, queue.runs
+    queue.stop()
+
+
+def test_a_child_event_brings_a_later_look_forward() -> None:
+    queue = CountingQueue()
+    queue._requeue(("ns", "a"), 30)  # a Pending pod's look, due in 30 s
+    queue.trigger_soon(("ns", "a"), delay=0.05)
+    wait_until(lambda: queue.runs, 5, "the event's reconcile, not the look's in 30 s")
+    queue.stop()
 
 
 def series(namespace: str, name: str) -> list[str]:

@@ -51,8 +51,9 @@ API_ERROR_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21) + (30,) * 19
 
 def on_child(namespace: str, owner: str) -> None:
     """A child or a pod of `owner` changed or vanished (an informer's event): reconcile the owner
-    (reverts hand edits, recreates deletions, follows pods becoming ready)."""
-    _trigger(namespace, owner)
+    (reverts hand edits, recreates deletions, follows pods becoming ready), once per burst of events."""
+    assert _queue is not None, "handlers.install() was not called"
+    _queue.trigger_soon((namespace, owner))
 
 
 @kopf.on.startup()

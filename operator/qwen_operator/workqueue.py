@@ -48,6 +48,8 @@ RETRY_FIRST_SECONDS = 1.0
 RETRY_MAX_SECONDS = float(os.environ.get("QWEN_OPERATOR_RETRY_MAX_SECONDS", "60"))
 #: The most a delay is lengthened at random, as a share of it (see retry_delay).
 RETRY_JITTER = 0.25
+#: How long a child's or a pod's event waits for the others of its burst (WorkQueue.trigger_soon).
+CHILD_EVENT_DELAY_SECONDS = float(os.environ.get("QWEN_OPERATOR_CHILD_EVENT_DELAY_SECONDS", "1"))
 #: Threads that run the reconciles of due retries and looks: the most of those that run at once.
 WORKERS = int(os.environ.get("QWEN_OPERATOR_WORKERS", "4"))
 
@@ -96,6 +98,7 @@ class WorkQueue:
         # heap of (due, token, key, retry) whose entries without a current token are skipped (cancelled
         # or replaced), cheaper than removing them from the middle of the heap.
         self._due: dict[tuple[Key, bool], int] = {}
+        self._look_at: dict[Key, float] = {}  # when the scheduled look of a key is due
         self._heap: list[tuple[float, int, Key, bool]] = []
         self._tokens = itertools.count()
         self._wake = threading.Condition(self._lock)
@@ -141,6 +144,7 @@ class WorkQueue:
         with self._lock:
             self._stopped = True
             self._due.clear()
+            self._look_at.clear()
             self._heap.clear()
             self._wake.notify_all()
         # Due but not started: dropped; one that has just started finds the queue stopped.
@@ -153,6 +157,7 @@ class WorkQueue:
         self._succeeded(key)
         with self._lock:
             self._due.pop((key, False), None)
+            self._look_at.pop(key, None)
             if key in self._running:
                 # Its run would set its gauges again after this: the rerun finds it gone and drops them.
                 self._dirty.add(key)
@@ -197,6 +202,13 @@ class WorkQueue:
             self._requeue(key, result.requeue_after)
         return True
 
+    def trigger_soon(self, key: Key, delay: float = CHILD_EVENT_DELAY_SECONDS) -> None:
+        """Reconcile `key` in `delay` s, once however many triggers arrive meanwhile: a child's or a
+        pod's event. A new pod goes through created, scheduled, started and ready within a second or
+        two, and a rollout sends dozens of events: each a reconcile, each a status of its own to write."""
+        with self._lock:
+            self._schedule(key, delay, retry=False)
+
     def _requeue(self, key: Key, delay: float) -> None:
         """Run `key` again in `delay` s unless a look is already scheduled."""
         with self._lock:
@@ -204,12 +216,16 @@ class WorkQueue:
 
     def _schedule(self, key: Key, delay: float, retry: bool) -> None:
         """Have the pool run `key` in `delay` s: as its retry (replacing a scheduled one), or as a look
-        (unless one is scheduled). The caller holds the lock."""
-        if self._stopped or (not retry and (key, False) in self._due):
+        (unless one is scheduled as soon or sooner: the earlier look replaces a later one). The caller
+        holds the lock."""
+        due = time.monotonic() + delay
+        if self._stopped or (not retry and self._look_at.get(key, float("inf")) <= due):
             return
         token = next(self._tokens)
         self._due[(key, retry)] = token
-        heapq.heappush(self._heap, (time.monotonic() + delay, token, key, retry))
+        if not retry:
+            self._look_at[key] = due
+        heapq.heappush(self._heap, (due, token, key, retry))
         if self._timer is None:
             self._timer = threading.Thread(target=self._hand_out, name="workqueue timer", daemon=True)
             self._timer.start()
@@ -229,6 +245,8 @@ class WorkQueue:
                 heapq.heappop(self._heap)
                 if self._due.get((key, retry)) == token:
                     del self._due[(key, retry)]
+                    if not retry:
+                        self._look_at.pop(key, None)
                     self._pool.submit(self._run_due, key, retry)
 
     def _run_due(self, key: Key, retry: bool) -> None:

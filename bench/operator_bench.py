@@ -496,7 +496,7 @@ def main() -> None:
     parser.add_argument("--baseline", help="also measure the operator of this commit (part 1, 50 CRs)")
     parser.add_argument("--baseline-only", action="store_true", help="with --baseline: only the baseline")
     parser.add_argument("--rss-only", action="store_true", help="with --rss-crs: only the RSS measurement")
-    parser.add_argument("--burst-only", action="store_true", help="only the burst of QwenDeployments (part 2)")
+    parser.add_argument("--burst-only", action="store_true", help="only the burst of QwenDeployments")
     parser.add_argument(
         "--rss-crs",
         type=int,

@@ -296,6 +296,34 @@ def test_a_surge_rollout_keeps_surge_once_its_pod_takes_the_last_free_gpu(
     assert_resync_writes_nothing(cluster, operator, namespace)
 
 
+def test_on_a_full_pool_the_status_says_in_place_before_any_engine_is_replaced(
+    cluster: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    """Every L40S GPU taken by this deployment: an engine edit can only replace pods one at a time, one
+    replica down meanwhile. status.rolloutStrategy says so before the engine Deployment is written (the
+    audit log's order), and capacity drops by exactly that replica."""
+    free = 4 - _l40s_gpus_used(cluster)
+    if free < 2:
+        pytest.skip(f"only {free} free L40S GPUs on this cluster")
+    name = create(cluster, example("l40s-48gb-tp1-awq", namespace, replicas=free))
+    settled(cluster, namespace, name)
+    with watch_engine(cluster, namespace, name) as seen:
+        start = time.time()
+        patch(cluster, namespace, name, {"engine": {"maxNumSeqs": 32}})
+        obj = settled(cluster, namespace, name)
+        assert obj["status"]["rolloutStrategy"].startswith("InPlace"), obj["status"]["rolloutStrategy"]
+        assert seen.lowest(start)[0] >= free - 1, f"{seen.lowest(start)}: InPlace takes one replica down"
+    time.sleep(1.5)
+    order = [
+        (w["objectRef"].get("resource"), w["objectRef"].get("subresource"), w["objectRef"].get("name"))
+        for w in audit_writes(cluster, [OPERATOR_USER], start)
+        if w.get("objectRef", {}).get("namespace") == namespace
+    ]
+    announced = order.index(("qwendeployments", "status", name))
+    assert announced < order.index(("deployments", None, f"{name}-engine")), order
+    assert_resync_writes_nothing(cluster, operator, namespace)
+
+
 def test_an_invalid_edit_and_its_revert_restart_nothing(
     cluster: Any, operator: OperatorProcess, namespace: str
 ) -> None:

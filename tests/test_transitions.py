@@ -23,6 +23,7 @@ from qwen_operator.manifests.upgrade import (
     ENGINE_TEMPLATE,
     UNRECORDED,
     hold_engine_template,
+    replaces_pods,
 )
 from qwen_operator.objects import changed_paths, content_hash
 from qwen_operator.status import merge_patch
@@ -303,3 +304,15 @@ def test_plan_from_prints_the_edit(tmp_path: Any) -> None:
     as_json = run_cli("plan", "-f", str(new), "--from", str(old), "--free-gpus", "2", "-o", "json")
     edit = json.loads(as_json.stdout)["edit"]
     assert edit["zeroDowntime"] and edit["rolloutStrategy"].startswith("Surge") and edit["restartsEngines"]
+
+
+def test_replaces_pods_tells_a_held_or_same_rendering_from_a_new_one() -> None:
+    before = _engine_deployment()
+    live = _live(before, 3, content_hash(before["spec"]["template"]))
+    after = _with_new_default(before)
+    held = hold_engine_template(after, live, 3, 3, "OnEdit").deployment
+    assert not replaces_pods(held, live), "a held template is what runs"
+    same = hold_engine_template(before, live, 3, 3, "OnEdit").deployment
+    assert not replaces_pods(same, live), "the same rendering (server defaults aside) changes nothing"
+    edited = hold_engine_template(after, live, 4, 3, "OnEdit").deployment
+    assert replaces_pods(edited, live)

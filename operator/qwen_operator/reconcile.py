@@ -126,7 +126,8 @@ def _reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
         _observe(cluster, obs, rev)
         return Result(compute_status(obs, previous), retry=True)
     _hold_engine_template(obs, children.objects, live, body)
-    writes = _generated_secrets(cluster, rev)
+    writes = _announce_in_place(cluster, body, children.objects, live, children.rollout)
+    writes += _generated_secrets(cluster, rev)
     for obj in children.objects:
         current = live.get(_key(obj))
         if hands_replicas_over(obj, current):
@@ -162,6 +163,34 @@ def _hold_engine_template(
             objects[i] = held.deployment
             if held.changes:
                 obs.engine_update = upgrade.describe(held.changes, meta.get("generation"))
+
+
+def _announce_in_place(
+    cluster: Cluster,
+    body: dict[str, Any],
+    objects: list[dict[str, Any]],
+    live: dict[tuple[str, str, str], Any],
+    rollout: Rollout,
+) -> list[str]:
+    """An InPlace rollout stops an engine before its replacement serves: status.rolloutStrategy says so
+    before the engine Deployment is written, so `kubectl get qwd -o yaml` shows it before any engine
+    goes (the rest of the status follows after the writes, as always)."""
+    meta = body["metadata"]
+    if rollout.mode != "InPlace":
+        return []
+    engine = next(
+        o
+        for o in objects
+        if o["kind"] == "Deployment" and o["metadata"]["name"] == names.engine_of(meta["name"])
+    )
+    current = live.get(_key(engine))
+    if current is None or not upgrade.replaces_pods(engine, current):
+        return []  # nothing runs yet, or the pod does not change: no engine is replaced
+    text = rollout.describe()
+    if (body.get("status") or {}).get("rolloutStrategy") == text:
+        return []
+    cluster.patch_status(meta["namespace"], meta["name"], {"rolloutStrategy": text})
+    return [f"announced the rollout: {text}"]
 
 
 def _rollout_under_way(cluster: Cluster, ns: str, name: str) -> Rollout | None:

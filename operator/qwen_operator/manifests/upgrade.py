@@ -68,6 +68,15 @@ def hold_engine_template(
     return Held(out, changed_paths(template, desired["spec"]["template"]) or ["the pod template"])
 
 
+def replaces_pods(desired: dict[str, Any], live: dict[str, Any]) -> bool:
+    """Whether applying `desired` (as hold_engine_template returned it) changes the pod template that
+    runs: a held template is the live one; otherwise the recorded renderings are compared."""
+    if desired["spec"]["template"] == _template_as_applied(live["spec"]["template"]):
+        return False
+    recorded = ((live.get("metadata") or {}).get("annotations") or {}).get(ENGINE_TEMPLATE)
+    return bool(recorded != desired["metadata"].get("annotations", {}).get(ENGINE_TEMPLATE))
+
+
 def _str(value: int | None) -> str | None:
     return None if value is None else str(value)
 

@@ -327,6 +327,12 @@ def test_autoscaling_turned_on_and_off_under_traffic_keeps_both_engines(served: 
     print(f"[transitions] autoscaling on/off: {len(t.results)} requests, 0 failed, capacity kept 2/2")
 
 
+def _wait_answered(served: Served, key: str, status: int, what: str) -> None:
+    """Until a request with `key` gets `status` (the gateway reloads keys once kubelet updates the
+    Secret's volume: about a minute)."""
+    wait_until(lambda: serving.chat(served.url, key, "Hi.", max_tokens=2)[0] == status, 180, what, interval=2)
+
+
 def test_api_key_rotation_under_traffic_fails_no_request(served: Served) -> None:
     """A new key added to the Secret works once the gateway reloads, the old one keeps working meanwhile;
     removed, the old key is refused. No request with a valid key fails, no gateway pod restarts."""
@@ -338,12 +344,7 @@ def test_api_key_rotation_under_traffic_fails_no_request(served: Served) -> None
             "-n", NAMESPACE, "patch", "secret", secret, "--type=merge",
             "-p", json.dumps({"stringData": {"rotated": new_key}}),
         )  # fmt: skip
-        wait_until(
-            lambda: serving.chat(served.url, new_key, "Hi.", max_tokens=2)[0] == 200,
-            180,
-            "new key",
-            interval=2,
-        )
+        _wait_answered(served, new_key, 200, "new key")
     assert old_traffic.failed() == [], f"the old key failed during the rotation: {old_traffic.failed()}"
     with _Traffic(served, new_key) as new_traffic:
         old, served.key = served.key, new_key
@@ -353,12 +354,7 @@ def test_api_key_rotation_under_traffic_fails_no_request(served: Served) -> None
             "-n", NAMESPACE, "patch", "secret", secret, "--type=json",
             "-p", json.dumps([{"op": "remove", "path": f"/data/{demo}"}]),
         )  # fmt: skip
-        wait_until(
-            lambda: serving.chat(served.url, old, "Hi.", max_tokens=2)[0] == 401,
-            180,
-            "old key refused",
-            interval=2,
-        )
+        _wait_answered(served, old, 401, "old key refused")
     assert new_traffic.failed() == [], f"the new key failed: {new_traffic.failed()}"
     assert {p["metadata"]["uid"] for p in served.pods(GATEWAY_SELECTOR)} == gateways, (
         "a gateway pod restarted"

@@ -61,7 +61,7 @@ class CapacityWatch:
                 at=time.time(),
                 spec_replicas=(dep.get("spec") or {}).get("replicas"),
                 available=(dep.get("status") or {}).get("availableReplicas", 0) if dep else None,
-                ready_endpoints=sum(self._slices.values()) if self._slices is not None else None,
+                ready_endpoints=sum(self._slices.values()),
                 strategy=(dep.get("spec") or {}).get("strategy"),
             )
         )

@@ -7,7 +7,7 @@ CACHE ?= $(shell python3 operator/qwen_devtools/cache.py)
 export QWEN_OPERATOR_CACHE := $(CACHE)
 PYTEST_ARGS ?=
 
-.PHONY: help setup test unit e2e lint generate verify demo demo-down bench bench-quick clean
+.PHONY: help setup setup-demo test unit e2e lint generate verify demo demo-down bench bench-quick newcomer clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -20,6 +20,10 @@ $(VENV)/.installed: pyproject.toml images/operator/requirements.txt
 setup: $(VENV)/.installed ## venv, system packages, vLLM CPU env, dev cluster and real-node binaries, images, monitoring CRDs (cached)
 	bash tools/system-packages.sh
 	$(PY) -m qwen_devtools.provision
+
+setup-demo: $(VENV)/.installed ## what `make demo` needs: setup without the monitoring stack (the tests build it on first use)
+	bash tools/system-packages.sh
+	$(PY) -m qwen_devtools.provision --demo
 
 lint: $(VENV)/.installed ## ruff, mypy, import-linter
 	$(VENV)/bin/ruff check operator tests e2e tools bench
@@ -42,7 +46,7 @@ e2e: setup ## operator end to end on the dev cluster
 test: setup lint verify ## everything CI runs: lint, drift checks, unit, real-process and e2e tests
 	QWEN_REQUIRE_REAL_PARTS=1 $(PY) -m qwen_devtools.testlanes $(PYTEST_ARGS)
 
-demo: setup ## dev cluster with GPU pools, operator installed with the chart, an example QwenDeployment
+demo: setup-demo ## dev cluster with GPU pools, operator installed with the chart, an example QwenDeployment
 	$(PY) -m qwen_devtools.demo up
 
 demo-down: ## stop the demo cluster and operator
@@ -53,6 +57,9 @@ bench: setup ## every benchmark scenario (ratios to peers measured in the same r
 
 bench-quick: setup ## every benchmark scenario's smoke mode (minutes; README untouched)
 	$(PY) bench/suite.py --quick
+
+newcomer: ## the README's first two commands in a fresh clone, in order (NEWCOMER_ARGS=--cold: empty caches first)
+	bash tools/newcomer.sh $(NEWCOMER_ARGS)
 
 clean: ## remove the venv (the cache, ~/.cache/qwen-operator by default, stays)
 	rm -rf $(VENV) .devcluster

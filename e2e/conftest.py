@@ -120,7 +120,7 @@ def _real_node_held(holder: str) -> None:
 @pytest.fixture(scope="session")
 def real_cluster(pytestconfig: pytest.Config) -> Iterator[devcluster.Cluster]:
     """A dev cluster of its own with this machine's real node ``qwen-real-0`` (see the module docstring)."""
-    name = os.environ.get("QWEN_E2E_REAL_CLUSTER", "test-real")
+    name = os.environ.get("QWEN_E2E_REAL_CLUSTER", realnode.TESTS_CLUSTER)
     was_up = devcluster.is_up(name)
     started = time.monotonic()
     try:

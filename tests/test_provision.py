@@ -6,14 +6,16 @@ The lanes' real steps take an hour from nothing; here the runner is driven with 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from qwen_devtools import monitoringstack, provision
-from qwen_devtools.images import NAMES
+from qwen_devtools.images import NAMES, SERVING
 from qwen_devtools.repo import REPO
 
 
@@ -29,6 +31,24 @@ def test_the_lanes_build_every_image_once() -> None:
     built = [name for argv in steps_of("qwen_devtools.images") for name in argv[2:]]
     built += list(monitoringstack.IMAGES)  # `monitoringstack build` builds its own four
     assert sorted(built) == sorted(NAMES)
+
+
+def test_the_demos_lanes_are_setups_without_the_monitoring_stack() -> None:
+    for lane, steps in provision.LANES.items():
+        assert provision.DEMO_LANES[lane] == tuple(
+            s for s in steps if s[1][2] != "qwen_devtools.monitoringstack"
+        )
+    built = [
+        name
+        for steps in provision.DEMO_LANES.values()
+        for _, argv in steps
+        if argv[2] == "qwen_devtools.images"
+        for name in argv[4:]
+    ]
+    # exactly what `make demo` loads into the real node (serving.load_images), nothing of the monitoring stack
+    assert sorted(built) == sorted(SERVING)
+    assert not set(SERVING) & set(monitoringstack.IMAGES)
+    assert sorted([*SERVING, *monitoringstack.IMAGES]) == sorted(NAMES)
 
 
 def test_the_lanes_run_every_setup_tool_and_the_engine_image_after_the_vllm_venv() -> None:
@@ -138,3 +158,30 @@ def test_the_test_lanes_split_the_suite_by_marker_and_together_select_all_of_it(
     assert one and other and not one & other
     assert one | other == every
     assert any("test_real_serving" in t for t in one) and any("test_crd" in t for t in other)
+
+
+def test_make_test_stops_a_demo_holding_the_real_node_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The decision on a real lock (a temporary file: this machine's may be held by the real-node tests);
+    the demo's `down` is recorded, not run: a demo running on this machine must survive the test."""
+    from qwen_devtools import demo, testlanes
+    from qwen_devtools.devcluster import realnode
+
+    monkeypatch.setattr(realnode, "LOCK_FILE", tmp_path / "real-node.lock")
+    stopped: list[str] = []
+    monkeypatch.setattr(testlanes.devcluster, "down", stopped.append)
+    assert not testlanes.stop_the_demo() and not stopped  # nobody holds it
+    fd, _ = realnode.acquire("test-real")
+    try:
+        assert not testlanes.stop_the_demo() and not stopped  # the tests' own cluster is left alone
+    finally:
+        os.close(fd)
+    fd, _ = realnode.acquire(demo.NAME)
+    try:
+        assert testlanes.stop_the_demo() and stopped == [demo.NAME]
+    finally:
+        os.close(fd)
+    out = capsys.readouterr().out
+    assert f"the demo cluster {demo.NAME!r} holds this machine's real node" in out
+    assert "`make demo` brings it back" in out

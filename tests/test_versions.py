@@ -170,6 +170,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "docs/install.md": (versions.ENGINE_IMAGE,),
     "docs/gateway.md": (versions.GATEWAY_IMAGE, versions.LOG_EXPORTER_IMAGE, versions.NGINX_EXPORTER_IMAGE),
     "**/devcluster/gobuild/go.mod": (f"k8s.io/kubernetes {versions.KUBERNETES}\n",),
+    "**/devcluster/gobuild/coredns/go.mod": (f"require github.com/coredns/coredns {versions.COREDNS}\n",),
 }
 
 

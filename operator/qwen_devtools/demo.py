@@ -18,6 +18,7 @@ import time
 
 from . import serving
 from .devcluster import cluster as devcluster
+from .devcluster import realnode
 from .repo import REPO
 
 DESCRIPTION = "A dev cluster whose real node serves Qwen through the operator, with simulated GPU pools."
@@ -30,6 +31,11 @@ def step(text: str) -> None:
 
 def up() -> int:
     started = time.monotonic()
+    if realnode.holder() == realnode.TESTS_CLUSTER:
+        step(
+            f"the tests' cluster {realnode.TESTS_CLUSTER!r} still holds this machine's real node: stopping it"
+        )
+        devcluster.down(realnode.TESTS_CLUSTER)
     step("dev cluster with the real node (first run: builds Kubernetes, containerd, CoreDNS: ~20 min)")
     handle = devcluster.up(NAME, real_node=True)
     step("images: operator, gateway, CPU vLLM engine (built here once, cached by content) into the node")

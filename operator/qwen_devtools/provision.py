@@ -10,6 +10,10 @@ side, the waiting hides under the compiling. Warm, every step is a no-op of a se
     lane "cluster": devcluster build --real-node
     lane "images":  vllm_env; images operator, gateway, engine-cpu; exporters; monitoring stack
 
+`make demo` runs the lanes without the monitoring stack (``--demo``): the demo serves no Prometheus, and
+on 2 cores the stack's Go builds would slow the Kubernetes compile that the demo waits for. The tests
+(`make setup`, which `make test` and `.ci/run` run) build it after the demo's parts, with the same lines.
+
 The lanes share nothing a step writes (the Go module and build caches are safe for concurrent use,
 podman's store locks itself). Each output line is prefixed with its lane; every step's time and both
 lanes' totals are printed at the end. When a step fails, the other lane is stopped (its step's
@@ -18,6 +22,7 @@ name and exit status.
 
     python -m qwen_devtools.provision            # both lanes (what `make setup` runs)
     python -m qwen_devtools.provision --serial   # one step at a time, in lane order
+    python -m qwen_devtools.provision --demo     # what `make demo` runs: no monitoring stack
 """
 
 from __future__ import annotations
@@ -35,6 +40,11 @@ from .procs import stop_group
 DEVTOOLS = [sys.executable, "-m"]
 Steps = tuple[tuple[str, list[str]], ...]
 
+#: Only the tests use it (e2e/test_real_autoscaling.py, e2e/test_monitoring_crds.py): not in DEMO_LANES.
+MONITORING = (
+    "monitoring stack: CRDs, programs, images",
+    [*DEVTOOLS, "qwen_devtools.monitoringstack", "build"],
+)
 #: Each lane's steps in order: (what, argv). Later steps of a lane may need earlier ones (the engine
 #: image copies the vLLM venv; the exporters' images hold the exporters built just before).
 LANES: dict[str, Steps] = {
@@ -55,8 +65,12 @@ LANES: dict[str, Steps] = {
             "the exporters' images",
             [*DEVTOOLS, "qwen_devtools.images", "build", "nginxlog-exporter", "nginx-exporter"],
         ),
-        ("monitoring stack: CRDs, programs, images", [*DEVTOOLS, "qwen_devtools.monitoringstack", "build"]),
+        MONITORING,
     ),
+}
+#: What `make demo` needs: the lanes without the monitoring stack.
+DEMO_LANES: dict[str, Steps] = {
+    lane: tuple(step for step in steps if step is not MONITORING) for lane, steps in LANES.items()
 }
 
 
@@ -167,9 +181,14 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--serial", action="store_true", help="one step at a time, in lane order")
+    parser.add_argument(
+        "--demo", action="store_true", help="only what `make demo` uses (no monitoring stack)"
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through run's cleanup
-    return run(LANES, serial=args.serial)
+    return run(
+        DEMO_LANES if args.demo else LANES, serial=args.serial, what="setup --demo" if args.demo else "setup"
+    )
 
 
 if __name__ == "__main__":

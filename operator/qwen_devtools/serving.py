@@ -89,11 +89,12 @@ def uninstall_operator(cluster: Cluster, release: str = RELEASE, namespace: str 
 
 
 def load_images(cluster_name: str) -> None:
-    """Build (once, cached by content) and load every image the served stack runs into the real node."""
+    """Build (once, cached by content) and load the images a served QwenDeployment runs (images.SERVING)
+    into the real node; the monitoring stack loads its own (monitoringstack.load_images)."""
     from . import images  # podman is only needed here
     from .devcluster import realnode
 
-    for image in images.ensure_all():
+    for image in images.ensure_serving():
         started = time.monotonic()
         if realnode.load_image(cluster_name, image.archive, image.ref):
             log(f"loaded {image.ref} into the real node ({time.monotonic() - started:.0f}s)")

@@ -4,7 +4,9 @@
   version, into ``<cache>/k8s-node-<k8s>/`` (the control plane's directory stays as it is);
 * containerd, containerd-shim-runc-v2, ctr: from ``github.com/containerd/containerd/v2`` at
   ``versions.CONTAINERD``, into ``<cache>/containerd-<version>/``;
-* coredns: from ``github.com/coredns/coredns`` at ``versions.COREDNS``, into ``<cache>/coredns-<version>/``;
+* coredns: from ``github.com/coredns/coredns`` at ``versions.COREDNS`` with only the plugins the node's
+  Corefile uses (``gobuild/coredns``: a main package of ours, CoreDNS's way of choosing plugins), into
+  ``<cache>/coredns-<version>-<key>/``, ``key`` being a hash of that module;
 * the pause image (``images/pause``: the static ``pause`` and ``probe`` programs in a ``FROM scratch``
   image), built with podman and saved as a docker-archive ``<cache>/pause-<key>/pause.tar``, ``key``
   being a hash of its sources.
@@ -26,7 +28,7 @@ from pathlib import Path
 from qwen_operator.versions import CONTAINERD, COREDNS, KUBERNETES
 
 from ..cache import cache_dir
-from ..gotools import GoMissing, build_go_module, find_go, go_program
+from ..gotools import build_go_module, find_go
 from ..images import podman
 from ..repo import REPO
 from .build import BuildError
@@ -42,7 +44,8 @@ CONTAINERD_BINARIES = {
 }
 #: Snapshotters the node never uses: leaving them out shortens the build.
 CONTAINERD_TAGS = "no_devmapper,no_zfs"
-COREDNS_MODULE = "github.com/coredns/coredns"
+#: The module whose main package is CoreDNS with the Corefile's five plugins (go.mod pins versions.COREDNS).
+COREDNS_SOURCE = Path(__file__).resolve().parent / "gobuild" / "coredns"
 PAUSE_SOURCE = REPO / "images" / "pause"
 PAUSE_PROGRAMS = ("pause", "probe")
 
@@ -71,16 +74,21 @@ def containerd_dir() -> Path:
     return cache_dir() / f"containerd-{CONTAINERD}"
 
 
+def _source_key(source: Path) -> str:
+    """A hash of every file under ``source``: its name and content."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(source)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def coredns_binary() -> Path:
-    """Where the pinned CoreDNS lands (the layout of qwen_devtools.gotools.go_program)."""
-    return cache_dir() / f"coredns-{COREDNS}" / "coredns"
+    """Where CoreDNS of the current ``gobuild/coredns`` lands."""
+    return cache_dir() / f"coredns-{COREDNS}-{_source_key(COREDNS_SOURCE)}" / "coredns"
 
 
 def _pause_key() -> str:
-    digest = hashlib.sha256()
-    for path in sorted(p for p in PAUSE_SOURCE.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(PAUSE_SOURCE)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
+    return _source_key(PAUSE_SOURCE)
 
 
 def pause_image() -> PauseImage:
@@ -174,16 +182,24 @@ def _build_containerd(go: str) -> None:
     log("containerd built", started)
 
 
-def _build_coredns() -> None:
-    if coredns_binary().is_file():
+def _build_coredns(go: str) -> None:
+    out = coredns_binary()
+    if out.is_file():
         return
     started = time.monotonic()
-    log(f"building CoreDNS {COREDNS} (about 6 minutes the first time)")
+    log(f"building CoreDNS {COREDNS} with the plugins of the node's Corefile (about 2 minutes)")
+    partial = out.with_name(out.name + ".tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        built = go_program(COREDNS_MODULE, COREDNS, "coredns", "coredns")
-    except (GoMissing, subprocess.CalledProcessError) as error:
-        raise BuildError(f"building CoreDNS failed: {error}") from error
-    assert built == coredns_binary(), (built, coredns_binary())
+        subprocess.run(
+            [go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(partial), "."],
+            cwd=COREDNS_SOURCE,
+            check=True,
+            env={**os.environ, "CGO_ENABLED": "0", "GOWORK": "off", "GOFLAGS": "-mod=readonly"},
+        )
+    except subprocess.CalledProcessError as error:
+        raise BuildError(f"building CoreDNS failed: {error} (output above)") from error
+    partial.rename(out)
     log("CoreDNS built", started)
 
 
@@ -226,5 +242,5 @@ def build() -> None:
     go = _go()
     _build_kubelet(go)
     _build_containerd(go)
-    _build_coredns()
+    _build_coredns(go)
     _build_pause(go)

@@ -48,6 +48,9 @@ RESOURCE = GPU_RESOURCE
 START_TIMEOUT = 60.0
 POD_DELETE_TIMEOUT = 30.0
 IMPORT_TIMEOUT = 900.0
+#: The real-node tests' own cluster (e2e/conftest.py; ``QWEN_E2E_REAL_CLUSTER`` names another). The tests
+#: stop it at the end; `make demo` stops one left behind (QWEN_E2E_KEEP=1, a killed run), saying so.
+TESTS_CLUSTER = "test-real"
 
 
 def log(message: str) -> None:

@@ -13,20 +13,21 @@ Modules: ``podman`` (the command line these machines need), ``base`` (the deboot
 from __future__ import annotations
 
 from .archive import ArchiveImage, read_archive
-from .build import BuiltImage, VenvMissing, archive_path, ensure_all, ensure_image, image_key
+from .build import BuiltImage, VenvMissing, archive_path, ensure_image, ensure_serving, image_key
 from .podman import PodmanMissing, images_dir
-from .specs import NAMES, SPECS
+from .specs import NAMES, SERVING, SPECS
 
 __all__ = [
     "NAMES",
+    "SERVING",
     "SPECS",
     "ArchiveImage",
     "BuiltImage",
     "PodmanMissing",
     "VenvMissing",
     "archive_path",
-    "ensure_all",
     "ensure_image",
+    "ensure_serving",
     "image_key",
     "images_dir",
     "read_archive",

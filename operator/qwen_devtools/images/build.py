@@ -22,7 +22,7 @@ from ..vllm_env import HOW_TO_GET, vllm_venv
 from . import podman
 from .base import base_key, ensure_base
 from .podman import images_dir, progress
-from .specs import NAMES, SPECS, WHEELS_MOUNT, ImageSpec, content_key, requirement_lines
+from .specs import SERVING, SPECS, WHEELS_MOUNT, ImageSpec, content_key, requirement_lines
 
 
 @dataclass(frozen=True)
@@ -103,9 +103,9 @@ def _build(spec: ImageSpec, archive: Path) -> None:
     progress("images", f"{name}: {spec.ref} ready", started)
 
 
-def ensure_all() -> list[BuiltImage]:
-    """Every image built here, in NAMES order."""
-    return [ensure_image(name) for name in NAMES]
+def ensure_serving() -> list[BuiltImage]:
+    """The images of a served QwenDeployment (specs.SERVING), in that order."""
+    return [ensure_image(name) for name in SERVING]
 
 
 def wheelhouse(spec: ImageSpec) -> Path:

@@ -155,6 +155,9 @@ SPECS: dict[str, ImageSpec] = {
     )
 }
 NAMES = tuple(SPECS)
+#: The images of a served QwenDeployment (what `make demo` and the real-node tests load); the others are
+#: the monitoring stack's, built when it is first used (qwen_devtools.monitoringstack).
+SERVING = ("operator", "gateway", "engine-cpu", "nginxlog-exporter", "nginx-exporter")
 
 
 def dockerfile_lines(text: str) -> Iterator[str]:

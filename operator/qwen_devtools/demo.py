@@ -36,7 +36,7 @@ def up() -> int:
             f"the tests' cluster {realnode.TESTS_CLUSTER!r} still holds this machine's real node: stopping it"
         )
         devcluster.down(realnode.TESTS_CLUSTER)
-    step("dev cluster with the real node (first run: builds Kubernetes, containerd, CoreDNS: ~20 min)")
+    step("dev cluster with the real node and simulated GPU pools (binaries built by `make setup-demo`)")
     handle = devcluster.up(NAME, real_node=True)
     step("images: operator, gateway, CPU vLLM engine (built here once, cached by content) into the node")
     serving.load_images(NAME)

@@ -146,6 +146,55 @@ def broken_rules(refusal: str, level: str) -> list[str]:
     return [check for check, words in REFUSAL_WORDS.items() if words in match.group(1)]
 
 
+# --- OwnerReferencesPermissionEnforcement -----------------------------------------------------------
+
+
+def test_owner_references_need_the_finalizers_grant_the_operators_rbac_holds(
+    cluster: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    """The dev cluster's API server runs OwnerReferencesPermissionEnforcement (OpenShift's default): an
+    owner reference with blockOwnerDeletion, as every child of a QwenDeployment has, is refused to anyone
+    who may not update the owner's finalizers. A ServiceAccount that may create ConfigMaps but lacks that
+    grant is refused; the operator's own account (manifests/install.yaml's RBAC) is not, and its children
+    exist (the deployment below is reconciled under the plugin)."""
+    apply(cluster, deployment(L40S, namespace, "chat-owner"))
+
+    def gateway() -> dict[str, Any] | None:
+        got = cluster.kubectl(
+            "-n", namespace, "get", "deployment", "chat-owner-gateway", "-o", "json", check=False
+        )
+        return json.loads(got.stdout) if got.returncode == 0 else None
+
+    owner = wait_until(gateway, 60, "the operator's children, created under the admission plugin")
+    (reference,) = owner["metadata"]["ownerReferences"]
+    assert reference["kind"] == "QwenDeployment" and reference["blockOwnerDeletion"] is True
+    cluster.kubectl("-n", namespace, "create", "serviceaccount", "no-finalizers")
+    cluster.kubectl(
+        "-n", namespace, "create", "role", "configmaps-only", "--verb=create,get", "--resource=configmaps",
+    )  # fmt: skip
+    cluster.kubectl(
+        "-n", namespace, "create", "rolebinding", "configmaps-only", "--role=configmaps-only",
+        f"--serviceaccount={namespace}:no-finalizers",
+    )  # fmt: skip
+
+    def create_as(user: str, name: str) -> subprocess.CompletedProcess[str]:
+        child = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace, "ownerReferences": [reference]},
+        }
+        return cluster.kubectl("create", f"--as={user}", "-f", "-", input=json.dumps(child), check=False)
+
+    refused = create_as(f"system:serviceaccount:{namespace}:no-finalizers", "refused-child")
+    assert refused.returncode != 0
+    assert (
+        "cannot set blockOwnerDeletion if an ownerReference refers to a resource you can't set finalizers on"
+        in (refused.stderr)
+    ), refused.stderr
+    allowed = create_as(OPERATOR_USER, "operator-child")
+    assert allowed.returncode == 0, allowed.stderr
+
+
 # --- Pod Security admission --------------------------------------------------------------------------
 
 

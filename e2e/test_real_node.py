@@ -24,6 +24,7 @@ from kubernetes import client
 from qwen_devtools.devcluster import cluster as devcluster
 from qwen_devtools.devcluster import hostclean, network, nodebuild, realnode
 from qwen_devtools.devcluster.nodecomponents import KUBELET_SYSCTLS, NODE_NAME
+from qwen_devtools.devcluster.state import state_dir
 from qwen_devtools.wait import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.real_node]
@@ -141,6 +142,51 @@ def test_node_is_labelled_untainted_and_simulated_cpu_node_tainted(real_api_clie
     assert sorted(p for p in products if p and "QWEN" in p) == ["QWEN-DEV-CPU"]
     cpu = core.read_node("cpu-0")
     assert [(t.key, t.effect) for t in cpu.spec.taints] == [("qwenops.dev/simulated", "NoSchedule")]
+
+
+def test_kubelet_is_its_node_confined_by_the_node_authorizer_and_node_restriction(
+    real_cluster: devcluster.Cluster, real_namespace: str
+) -> None:
+    """kubelet (and the keeper, its stand-in device plugin) authenticate as system:node:qwen-real-0, not
+    as the admin: the Node authorizer limits them to their own Node and the objects of pods bound to it,
+    and NodeRestriction keeps them off the labels a node may not set on itself."""
+    statuses = _audit(real_cluster, resource="nodes", name=NODE_NAME, subresource="status")
+    assert statuses and {e["user"]["username"] for e in statuses} == {f"system:node:{NODE_NAME}"}
+    other = next(
+        n["metadata"]["name"]
+        for n in json.loads(real_cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+        if n["metadata"]["name"] != NODE_NAME
+    )
+    real_cluster.kubectl(
+        "-n", real_namespace, "create", "secret", "generic", "stranger", "--from-literal=k=v"
+    )
+    as_node = ["label", "--overwrite", "node"]
+    refusals = {
+        "another node": _as_kubelet(real_cluster, *as_node, other, "qwenops.dev/touched=yes"),
+        "a restricted label": _as_kubelet(
+            real_cluster, *as_node, NODE_NAME, "node-restriction.kubernetes.io/pool=mine"
+        ),
+        "a Secret of no pod of its": _as_kubelet(
+            real_cluster, "-n", real_namespace, "get", "secret", "stranger"
+        ),
+    }
+    for what, result in refusals.items():
+        assert result.returncode != 0 and "Forbidden" in result.stderr, (what, result.stderr)
+    assert "is not allowed to modify labels" in refusals["a restricted label"].stderr
+    allowed = _as_kubelet(real_cluster, *as_node, NODE_NAME, "qwenops.dev/kubelet-may-label=yes")
+    assert allowed.returncode == 0, allowed.stderr
+    real_cluster.kubectl("label", "node", NODE_NAME, "qwenops.dev/kubelet-may-label-")
+
+
+def _as_kubelet(cluster: devcluster.Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    kubeconfig = state_dir(cluster.name) / "kubelet.kubeconfig"
+    argv = [str(cluster.bin("kubectl")), f"--kubeconfig={kubeconfig}", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def _audit(cluster: devcluster.Cluster, **ref: str) -> list[dict[str, Any]]:
+    events = [json.loads(line) for line in (cluster.kubeconfig.parent / "audit.log").read_text().splitlines()]
+    return [e for e in events if all(e.get("objectRef", {}).get(k) == v for k, v in ref.items())]
 
 
 def test_pod_reaches_api_server_and_cluster_dns(

@@ -17,6 +17,7 @@ import pytest
 from qwen_devtools import monitoringstack, provision
 from qwen_devtools.images import NAMES, SERVING
 from qwen_devtools.repo import REPO
+from qwen_devtools.require import missing
 
 
 def python(code: str) -> list[str]:
@@ -56,6 +57,7 @@ def test_the_lanes_run_every_setup_tool_and_the_engine_image_after_the_vllm_venv
     assert sorted(modules) == sorted(
         [
             "qwen_devtools.devcluster",
+            "qwen_devtools.devcluster",
             "qwen_devtools.vllm_env",
             "qwen_devtools.images",
             "qwen_devtools.realparts.exporters",
@@ -63,13 +65,18 @@ def test_the_lanes_run_every_setup_tool_and_the_engine_image_after_the_vllm_venv
             "qwen_devtools.monitoringstack",
         ]
     )
-    assert steps_of("qwen_devtools.devcluster") == [["qwen_devtools.devcluster", "build", "--real-node"]]
+    assert steps_of("qwen_devtools.devcluster") == [
+        ["qwen_devtools.devcluster", "build", "--real-node"],
+        ["qwen_devtools.devcluster", "preload"],
+    ]
     lane = [argv[2:] for _, argv in provision.LANES["images"]]
     engine = next(i for i, argv in enumerate(lane) if "engine-cpu" in argv)
     exporter_images = next(i for i, argv in enumerate(lane) if "nginx-exporter" in argv)
     assert lane.index(["qwen_devtools.vllm_env"]) < engine  # the engine image copies the venv
     # the exporters' images hold the programs built by the step before them
     assert lane.index(["qwen_devtools.realparts.exporters"]) < exporter_images
+    # the preload imports every serving image, so it follows the last of them
+    assert lane.index(["qwen_devtools.devcluster", "preload"]) == exporter_images + 1
 
 
 def test_lanes_run_side_by_side_with_prefixed_output_and_timings(capsys: pytest.CaptureFixture[str]) -> None:
@@ -185,3 +192,23 @@ def test_make_test_stops_a_demo_holding_the_real_node_and_says_so(
     out = capsys.readouterr().out
     assert f"the demo cluster {demo.NAME!r} holds this machine's real node" in out
     assert "`make demo` brings it back" in out
+
+
+def test_the_preload_leaves_the_store_to_a_cluster_holding_the_real_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two containerds must never share the image store: while a cluster holds the real-node lock (a
+    temporary one here), the preload starts none and says who imports instead."""
+    from qwen_devtools.devcluster import preload, realnode
+    from qwen_devtools.images import archive_path, image_key
+
+    monkeypatch.setattr(realnode, "LOCK_FILE", tmp_path / "real-node.lock")
+    archive = archive_path("operator", image_key("operator"))
+    if not archive.is_file():
+        missing(str(archive), "run `make setup` (it builds the images)")
+    fd, _ = realnode.acquire("demo")
+    try:
+        assert preload.preload([(archive, "ghcr.io/qwenops/qwen-operator:test")]) == 0
+    finally:
+        os.close(fd)
+    assert "dev cluster 'demo' holds the real node" in capsys.readouterr().out

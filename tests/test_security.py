@@ -14,7 +14,10 @@ e2e/test_security.py shows the real admission agrees.
 from __future__ import annotations
 
 import copy
+import os
+import re
 import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -28,10 +31,13 @@ import yaml
 from qwen_devtools.devcluster.build import K8S_VERSION
 from qwen_devtools.helm import HOW_TO_GET_HELM, helm_path
 from qwen_devtools.require import missing
+from qwen_operator import names
 from qwen_operator.api.queueing import METRICS_API_SERVICE
 from qwen_operator.api.review import review
 from qwen_operator.kinds import MANAGED
-from qwen_operator.manifests import build_children
+from qwen_operator.manifests import ClusterFacts, build_children
+from qwen_operator.manifests.gateway import generated_engine_key_secret
+from qwen_operator.manifests.policy import DEFAULT_SCRAPERS, parse_scrapers
 from qwen_operator.recording import ADAPTER_METRIC
 from support import EXAMPLES, GOLDEN, REPO, load
 
@@ -50,6 +56,7 @@ WATCHED = ("llm", "team-a")
 MANAGED_NAMESPACE: dict[tuple[str, str], tuple[str, ...]] = {
     ("inference.qwenops.dev", "qwendeployments"): ("get", "list", "watch"),
     ("inference.qwenops.dev", "qwendeployments/status"): ("patch",),
+    ("inference.qwenops.dev", "qwendeployments/finalizers"): ("update",),
     ("", "pods"): ("get", "list", "watch"),
     ("", "events"): ("create", "patch", "list", "watch"),
     ("", "secrets"): ("create",),
@@ -495,3 +502,117 @@ def test_engine_pod_is_restricted_but_for_running_as_root(source: Path) -> None:
     # Root, but without its capabilities, a way to gain more, or unfiltered system calls.
     assert "runAsUser" not in engine.get("securityContext", {})  # the image's user (root), not forced
     assert engine["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+# --- who reaches the engines -------------------------------------------------------------------------
+
+
+def _children(source: Path, **facts: Any) -> list[dict[str, Any]]:
+    return list(build_children(review(load(source)), ClusterFacts(**facts)).objects)
+
+
+def _one(objects: list[dict[str, Any]], kind: str, component: str) -> dict[str, Any]:
+    (obj,) = [
+        o
+        for o in objects
+        if o["kind"] == kind and o["metadata"]["labels"]["app.kubernetes.io/component"] == component
+    ]
+    return obj
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
+def test_only_the_gateway_and_the_named_scrapers_reach_the_engines(source: Path) -> None:
+    """Before: any pod labelled app.kubernetes.io/name=prometheus, in any namespace (namespaceSelector {})."""
+    objects = _children(source)
+    if not load(source)["spec"].get("gateway", {}).get("enabled", True):
+        assert not [o for o in objects if o["kind"] == "NetworkPolicy"]
+        return
+    policy = _one(objects, "NetworkPolicy", "engine")
+    peers = [peer for rule in policy["spec"]["ingress"] for peer in rule["from"]]
+    gateway = _one(objects, "Deployment", "gateway")["spec"]["template"]["metadata"]["labels"]
+    assert peers[0] == {
+        "podSelector": {"matchLabels": names.selector(review(load(source)).resource, "gateway")}
+    }
+    assert set(peers[0]["podSelector"]["matchLabels"].items()) <= set(gateway.items())
+    assert peers[1:] == list(DEFAULT_SCRAPERS)
+    for peer in peers:
+        assert all(selector for selector in peer.values()), peer  # no empty selector: that is "everything"
+    mine = (
+        {"namespaceSelector": {"matchLabels": {"team": "obs"}}, "podSelector": {"matchLabels": {"a": "b"}}},
+    )
+    policy = _one(_children(source, scrapers=mine), "NetworkPolicy", "engine")
+    assert [peer for rule in policy["spec"]["ingress"] for peer in rule["from"]][1:] == list(mine)
+
+
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [
+        ("[{}]", "exactly namespaceSelector and podSelector"),
+        (
+            '[{"namespaceSelector": {}, "podSelector": {"matchLabels": {"a": "b"}}}]',
+            ".namespaceSelector: a label",
+        ),
+        ('[{"namespaceSelector": {"matchLabels": {"a": "b"}}, "podSelector": {}}]', ".podSelector: a label"),
+        ('[{"podSelector": {"matchLabels": {"a": "b"}}}]', "exactly namespaceSelector and podSelector"),
+        ('{"namespaceSelector": {}}', "a JSON list"),
+        ("not json", "is not JSON"),
+    ],
+)
+def test_a_scraper_setting_that_would_open_the_engines_is_refused(setting: str, words: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(words)):
+        parse_scrapers(setting)
+    assert parse_scrapers(None) == parse_scrapers("") == DEFAULT_SCRAPERS
+    assert parse_scrapers("[]") == ()  # nobody but the gateway
+
+
+def test_the_operator_refuses_to_start_on_an_open_scraper_setting() -> None:
+    env = {**os.environ, "QWEN_OPERATOR_ENGINE_SCRAPERS": '[{"namespaceSelector": {}, "podSelector": {}}]'}
+    done = subprocess.run(
+        [sys.executable, "-m", "qwen_operator.cli", "run", "--no-leader-elect"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "QWEN_OPERATOR_ENGINE_SCRAPERS[0].namespaceSelector" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
+def test_engines_require_a_key_only_the_gateway_holds(source: Path) -> None:
+    """Before: no engine key unless spec.engine.apiKeySecret named one."""
+    body = load(source)
+    qd = review(body).resource
+    objects = _children(source)
+    engine = _one(objects, "Deployment", "engine")["spec"]["template"]["spec"]
+    env = {e["name"]: e for c in engine["containers"] for e in c.get("env", [])}
+    expected = names.engine_key(qd)
+    if expected is None:  # the gateway is off: clients call the engines, a key is theirs to set
+        assert not qd.spec.gateway.enabled and "VLLM_API_KEY" not in env
+        return
+    ref = env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert (ref["name"], ref["key"]) == (expected.name, expected.key)
+    if not qd.spec.engine.api_key_secret:
+        assert expected.name == f"{qd.metadata.name}-engine-key"
+        secret = generated_engine_key_secret(review(body), "k" * 43)
+        assert (
+            secret
+            and secret["metadata"]["name"] == expected.name
+            and secret["stringData"] == {"token": "k" * 43}
+        )
+    gateway = _one(objects, "Deployment", "gateway")["spec"]["template"]["spec"]
+    mounted = [v for v in gateway["volumes"] if v.get("secret", {}).get("secretName") == expected.name]
+    assert len(mounted) == 1
+    # no other pod template mounts it or reads it from the environment
+    for obj in objects:
+        template = obj.get("spec", {}).get("template", {}).get("spec")
+        if template is None or obj is _one(objects, "Deployment", "gateway"):
+            continue
+        assert expected.name not in str(template.get("volumes", [])), obj["metadata"]["name"]
+
+
+def test_no_generated_engine_key_when_the_spec_names_one_or_the_gateway_is_off() -> None:
+    body = load(REPO / "examples" / "a100-80gb-tp2-bf16.yaml")
+    body["spec"].setdefault("engine", {})["apiKeySecret"] = {"name": "mine", "key": "k"}
+    assert generated_engine_key_secret(review(body), "x") is None
+    body = load(REPO / "examples" / "a100-80gb-tp2-bf16.yaml")
+    body["spec"].setdefault("gateway", {})["enabled"] = False
+    assert generated_engine_key_secret(review(body), "x") is None
+    assert names.engine_key(review(body).resource) is None

@@ -8,7 +8,8 @@ smaller programs in between. Run one after the other, the cores idle through the
 side, the waiting hides under the compiling. Warm, every step is a no-op of a second or two.
 
     lane "cluster": devcluster build --real-node
-    lane "images":  vllm_env; images operator, gateway, engine-cpu; exporters; monitoring stack
+    lane "images":  vllm_env; images operator, gateway, engine-cpu; exporters; their import into the
+                    real node's image store (devcluster preload); monitoring stack
 
 `make demo` runs the lanes without the monitoring stack (``--demo``): the demo serves no Prometheus, and
 on 2 cores the stack's Go builds would slow the Kubernetes compile that the demo waits for. The tests
@@ -64,6 +65,11 @@ LANES: dict[str, Steps] = {
         (
             "the exporters' images",
             [*DEVTOOLS, "qwen_devtools.images", "build", "nginxlog-exporter", "nginx-exporter"],
+        ),
+        # the images lane is done long before the Kubernetes compile: the import then costs no waiting
+        (
+            "containerd, the serving images into the real node's store",
+            [*DEVTOOLS, "qwen_devtools.devcluster", "preload"],
         ),
         MONITORING,
     ),

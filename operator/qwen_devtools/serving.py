@@ -60,7 +60,16 @@ def dev_qwendeployment(name: str | None = None, namespace: str | None = None) ->
 
 
 def install_operator(cluster: Cluster, release: str = RELEASE, namespace: str = OPERATOR_NAMESPACE) -> None:
-    """The chart as a user installs it, default image included, into a namespace enforcing restricted."""
+    """The chart as a user installs it, default image included, into a namespace enforcing restricted,
+    with the dev cluster's Prometheus (monitoringstack.NAMESPACE) as the engines' one scraper."""
+    from .monitoringstack import NAMESPACE as MONITORING
+
+    scrapers = [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": MONITORING}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        }
+    ]
     _namespace(cluster, namespace, enforce="restricted")
     log(f"helm install {release} into {namespace} (the operator runs as a pod from its image)")
     started = time.monotonic()
@@ -69,6 +78,7 @@ def install_operator(cluster: Cluster, release: str = RELEASE, namespace: str = 
             str(cluster.bin("helm")), "upgrade", "--install", release, str(CHART),
             "--namespace", namespace, "--kubeconfig", str(cluster.kubeconfig),
             "--wait", "--timeout", "5m",
+            "--set-json", f"engineNetworkPolicy.scrapers={json.dumps(scrapers)}",
         ],
         check=True,
         capture_output=True,

@@ -181,7 +181,13 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from .reconcile import engine_scrapers
     from .runtime import run  # kopf is imported only when the operator runs
+
+    try:
+        engine_scrapers()  # a bad setting stops the operator here, not at its first reconcile
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
     return run(
         namespaces=args.namespace,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .api.spec import QwenDeployment
+from .api.spec import QwenDeployment, SecretKeyRef
 
 LABEL_PREFIX = "qwenops.dev"
 FIELD_MANAGER = "qwen-operator"
@@ -43,6 +43,26 @@ def api_keys_secret(qd: QwenDeployment) -> str | None:
     if g.auth == "none":
         return None
     return g.api_keys_secret or generated_api_keys(qd)
+
+
+#: The key of a generated engine-key Secret.
+GENERATED_ENGINE_KEY = "token"
+
+
+def generated_engine_key(qd: QwenDeployment) -> str:
+    """The engine-key Secret the operator creates (gateway on, spec.engine.apiKeySecret unset)."""
+    return f"{qd.metadata.name}-engine-key"
+
+
+def engine_key(qd: QwenDeployment) -> SecretKeyRef | None:
+    """The key the engines require and the gateway sends: spec.engine.apiKeySecret, else (gateway on) a
+    generated one that only the gateway holds; None when the gateway is off and the spec names none
+    (clients then call the engines directly, so a key only the operator knows would lock them out)."""
+    if qd.spec.engine.api_key_secret:
+        return qd.spec.engine.api_key_secret
+    if not qd.spec.gateway.enabled:
+        return None
+    return SecretKeyRef(name=generated_engine_key(qd), key=GENERATED_ENGINE_KEY)
 
 
 def client_service(qd: QwenDeployment) -> str:

@@ -7,7 +7,9 @@ compute the status, and write it (with an Event per changed condition) only when
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from secrets import token_urlsafe
@@ -21,7 +23,8 @@ from .api.spec import SpecError
 from .k8s import ApiException, Cluster
 from .manifests import ClusterFacts, build_children, node_pool, scaling, upgrade
 from .manifests.engine import hands_replicas_over
-from .manifests.gateway import GENERATED_KEY_ID, generated_api_keys_secret
+from .manifests.gateway import GENERATED_KEY_ID, generated_api_keys_secret, generated_engine_key_secret
+from .manifests.policy import SCRAPERS_ENV, parse_scrapers
 from .metrics import DEPLOYMENTS_READY, MANAGED_OBJECTS, RECONCILE_SECONDS, RECONCILES
 from .status import Observed, compute_status, events, merge_patch
 
@@ -86,6 +89,12 @@ def _write_status(cluster: Cluster, body: dict[str, Any], status: dict[str, Any]
                 log.info("%s/%s: Event %s not posted: %s", *_key_of(body), event.reason, exc.reason)
 
 
+@functools.cache
+def engine_scrapers() -> tuple[dict[str, Any], ...]:
+    """Who may reach the engines besides their gateway: the operator's setting (env, read once)."""
+    return parse_scrapers(os.environ.get(SCRAPERS_ENV))
+
+
 def reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
     started = time.monotonic()
     try:
@@ -116,6 +125,7 @@ def _reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
         free_gpus=cluster.free_gpus(node_pool(rev)),
         missing_crds=cluster.missing_crds(),
         rollout_under_way=_rollout_under_way(cluster, meta["namespace"], meta["name"]),
+        scrapers=engine_scrapers(),
     )
     children = build_children(rev, facts)
     obs.rollout = children.rollout
@@ -127,7 +137,7 @@ def _reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
         return Result(compute_status(obs, previous), retry=True)
     _hold_engine_template(obs, children.objects, live, body)
     writes = _announce_in_place(cluster, body, children.objects, live, children.rollout)
-    writes += _generated_secrets(cluster, rev)
+    writes += _generated_secrets(cluster, rev, live)
     for obj in children.objects:
         current = live.get(_key(obj))
         if hands_replicas_over(obj, current):
@@ -217,18 +227,51 @@ WAITING_POLL_SECONDS = 15.0
 _created: set[tuple[str, str, str]] = set()
 
 
-def _generated_secrets(cluster: Cluster, rev: Review) -> list[str]:
-    """Create the gateway's API-key Secret with a random key when the spec names none (create-only)."""
-    secret = generated_api_keys_secret(rev, token_urlsafe(32))
-    if secret is None:
-        return []
-    meta = secret["metadata"]
-    known = (meta["namespace"], meta["name"], str(rev.resource.metadata.uid))
-    if known in _created:
-        return []
-    created = cluster.create_if_absent(secret)
-    _created.add(known)
-    return [f"created Secret {meta['name']} (a random API key, id {GENERATED_KEY_ID})"] if created else []
+def _generated_secrets(
+    cluster: Cluster, rev: Review, live: dict[tuple[str, str, str], dict[str, Any]]
+) -> list[str]:
+    """Create the gateway's API-key Secret and the engine-key Secret, each with a random key, when the
+    spec names none (create-only).
+
+    The operator may not read Secrets, so whether one exists is learned from the children: once the
+    gateway Deployment mounts it, it was created before that Deployment was written (here, earlier),
+    and it is created again only while a pod of the deployment waits to start (a deleted Secret keeps
+    pods waiting; AlreadyExists otherwise). So a restarted operator's first resync writes nothing.
+    """
+    qd = rev.resource
+    gateway = live.get(("apps/v1", "Deployment", names.gateway(qd)))
+    mounted = {
+        v["secret"]["secretName"]
+        for v in (gateway or {}).get("spec", {}).get("template", {}).get("spec", {}).get("volumes", [])
+        if "secret" in v
+    }
+    if mounted:
+        name, ns = qd.metadata.name, qd.metadata.namespace
+        pods = [
+            *cluster.pods(ns, name, names.selector_of(name, "engine")),
+            *cluster.pods(ns, name, names.selector_of(name, "gateway")),
+        ]
+        if _waiting_to_start(_running(pods)):
+            mounted = set()
+    said = []
+    for secret, what in (
+        (generated_api_keys_secret(rev, token_urlsafe(32)), f"a random API key, id {GENERATED_KEY_ID}"),
+        (
+            generated_engine_key_secret(rev, token_urlsafe(32)),
+            "the engines' random key, mounted by the gateway only",
+        ),
+    ):
+        if secret is None or secret["metadata"]["name"] in mounted:
+            continue
+        meta = secret["metadata"]
+        known = (meta["namespace"], meta["name"], str(rev.resource.metadata.uid))
+        if known in _created:
+            continue
+        created = cluster.create_if_absent(secret)
+        _created.add(known)
+        if created:
+            said.append(f"created Secret {meta['name']} ({what})")
+    return said
 
 
 def _describe(obs: Observed, rev: Review) -> None:

@@ -76,6 +76,12 @@ evidence (a waiting reason, a FailedMount event).
 - apiGroups: ["inference.qwenops.dev"]
   resources: ["qwendeployments/status"]
   verbs: ["patch"]
+# Children name their QwenDeployment as owner with blockOwnerDeletion (foreground deletion waits for
+# them); the OwnerReferencesPermissionEnforcement admission plugin (OpenShift, hardened clusters) lets
+# only those who may update the owner's finalizers set it. The operator never writes a finalizer.
+- apiGroups: ["inference.qwenops.dev"]
+  resources: ["qwendeployments/finalizers"]
+  verbs: ["update"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]

@@ -1,6 +1,7 @@
 """Command line of the dev cluster: ``python -m qwen_devtools.devcluster <command> [--name NAME]``.
 
-Commands: ``build`` (binaries only), ``up``, ``down``, ``status`` (exit 1 unless up), ``kubeconfig``
+Commands: ``build`` (binaries only), ``preload`` (the serving images into the real node's image store,
+before any cluster runs: preload.py), ``up``, ``down``, ``status`` (exit 1 unless up), ``kubeconfig``
 (print its path), ``env`` (print an ``export KUBECONFIG=...`` line). ``build --real-node`` and
 ``up --real-node`` add this machine's real node (kubelet, containerd, kube-proxy, CoreDNS), where pods
 really run; one cluster per machine may have it.
@@ -23,6 +24,9 @@ def _parser() -> argparse.ArgumentParser:
         "build", help="build and cache the pinned binaries (no-op when cached)"
     )
     build_command.add_argument("--real-node", action="store_true", help="also the real node's parts")
+    commands.add_parser(
+        "preload", help="build containerd and import the serving images into the real node's image store"
+    )
     for command, text in (
         ("up", "start the cluster (idempotent) and create the simulated node pools"),
         ("down", "stop the cluster and remove its state (idempotent)"),
@@ -49,6 +53,12 @@ def main(argv: list[str] | None = None) -> int:
             print(build.build())
             if args.real_node:
                 nodebuild.build()
+        elif args.command == "preload":
+            from .. import images  # podman is only needed here
+            from . import preload
+
+            nodebuild.build_containerd()
+            preload.preload((image.archive, image.ref) for image in images.ensure_serving())
         elif args.command == "up":
             cluster.up(args.name, real_node=args.real_node)
         elif args.command == "down":

@@ -195,11 +195,18 @@ def _prepare(name: str, real_node: bool) -> State:
             name, ports, address, executables, bind_address=bind, real_node=real_node, checkout=str(REPO)
         )
         state.save()
-        keys = pki.generate(directory / "pki", [address], kubelet_client=real_node)
+        node = nodecomponents.NODE_NAME if real_node else None
+        keys = pki.generate(directory / "pki", [address], node=node)
         server = f"https://{bind}:{ports['kube-apiserver']}"
         ca_pem = (directory / "pki" / "ca.crt").read_bytes()
         for path in (directory / "kubeconfig", repo_kubeconfig(name)):
             kubeconfig.write(path, name, server, ca_pem, keys.admin_token)
+        if real_node:  # the node's own identities (realnode.node_layout names the files)
+            for user in ("kubelet", "kube-proxy"):
+                cert, key = directory / "pki" / f"{user}.crt", directory / "pki" / f"{user}.key"
+                kubeconfig.write_client_cert(
+                    directory / f"{user}.kubeconfig", name, server, ca_pem, user, cert, key
+                )
         repo_kubeconfig(name).with_name("audit.log").symlink_to(directory / "audit.log")
         (REPO / ".devcluster" / ".gitignore").write_text("*\n")
     return state

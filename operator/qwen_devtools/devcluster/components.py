@@ -140,7 +140,12 @@ def _apiserver(layout: Layout) -> list[str]:
         f"--tls-private-key-file={pki.path('apiserver.key')}",
         f"--client-ca-file={pki.path('ca.crt')}",
         f"--token-auth-file={pki.path('tokens.csv')}",
-        "--authorization-mode=RBAC",
+        # The real node's kubelet has its own identity (system:node:<name>), confined by the Node
+        # authorizer and NodeRestriction; OwnerReferencesPermissionEnforcement (OpenShift's and many
+        # hardened clusters' default) makes every test run under the rule that setting
+        # blockOwnerDeletion needs update on the owner's finalizers.
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction,OwnerReferencesPermissionEnforcement",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={pki.path('sa.pub')}",
         f"--service-account-signing-key-file={pki.path('sa.key')}",

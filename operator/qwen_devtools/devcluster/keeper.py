@@ -48,7 +48,8 @@ def _api(kubeconfig: Path) -> client.CoreV1Api:
 def _ensure_gpus(api: client.CoreV1Api, node: str, count: str) -> None:
     """Patch the GPUs into the Node's status when they are missing (kubelet keeps them once there)."""
     try:
-        status = api.api_client.sanitize_for_serialization(api.read_node_status(node)).get("status", {})
+        # GET of the Node itself: the Node authorizer lets a node read its Node, not nodes/status
+        status = api.api_client.sanitize_for_serialization(api.read_node(node)).get("status", {})
     except client.ApiException as error:
         if error.status == 404:
             return  # not registered (yet, or any more)

@@ -29,6 +29,19 @@ def context_name(cluster: str) -> str:
 
 def write(path: Path, cluster: str, server: str, ca_pem: bytes, token: str) -> None:
     """Write a token-authenticated kubeconfig for dev cluster ``cluster`` (mode 0600)."""
+    _write(path, cluster, server, ca_pem, "admin", {"token": token})
+
+
+def write_client_cert(
+    path: Path, cluster: str, server: str, ca_pem: bytes, user: str, cert: Path, key: Path
+) -> None:
+    """Write a kubeconfig that authenticates with a client certificate (the real node's components)."""
+    _write(path, cluster, server, ca_pem, user, {"client-certificate": str(cert), "client-key": str(key)})
+
+
+def _write(
+    path: Path, cluster: str, server: str, ca_pem: bytes, user: str, credentials: dict[str, str]
+) -> None:
     name = context_name(cluster)
     config = {
         "apiVersion": "v1",
@@ -42,8 +55,8 @@ def write(path: Path, cluster: str, server: str, ca_pem: bytes, token: str) -> N
                 },
             }
         ],
-        "users": [{"name": f"{name}-admin", "user": {"token": token}}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": f"{name}-admin"}}],
+        "users": [{"name": f"{name}-{user}", "user": credentials}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": f"{name}-{user}"}}],
         "current-context": name,
     }
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ A ``MANIFEST`` (or the final file) marks each complete build, so a rerun only lo
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -28,7 +29,7 @@ from pathlib import Path
 from qwen_operator.versions import CONTAINERD, COREDNS, KUBERNETES
 
 from ..cache import cache_dir
-from ..gotools import build_go_module, find_go
+from ..gotools import NO_DWARF, build_go_module, find_go
 from ..images import podman
 from ..repo import REPO
 from .build import BuildError
@@ -153,10 +154,24 @@ def _build_kubelet(go: str) -> None:
     log("kubelet and kube-proxy built", started)
 
 
+def build_containerd() -> None:
+    """containerd, its runc shim and ctr, unless cached: what the image preload needs (preload.py)."""
+    _build_containerd(_go())
+
+
 def _build_containerd(go: str) -> None:
     out = containerd_dir()
     if (out / "MANIFEST").is_file():
         return
+    # setup's two lanes may both want it (the preload, the real node's build): one builds, one waits
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "MANIFEST").is_file():
+            _compile_containerd(go, out)
+
+
+def _compile_containerd(go: str, out: Path) -> None:
     started = time.monotonic()
     log(f"building containerd {CONTAINERD} into {out} (about 2 minutes)")
     partial = out.with_name(out.name + ".tmp")
@@ -192,7 +207,7 @@ def _build_coredns(go: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         subprocess.run(
-            [go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(partial), "."],
+            [go, "build", "-trimpath", NO_DWARF, "-ldflags", "-s -w", "-o", str(partial), "."],
             cwd=COREDNS_SOURCE,
             check=True,
             env={**os.environ, "CGO_ENABLED": "0", "GOWORK": "off", "GOFLAGS": "-mod=readonly"},

@@ -75,9 +75,15 @@ class NodeLayout:
 
     dir: Path
     ports: dict[str, int]
+    #: The cluster's admin kubeconfig: CoreDNS's (it reads Services and EndpointSlices everywhere).
     kubeconfig: Path
     ca_file: Path
     pause_ref: str
+    #: kubelet's (and the keeper's, its stand-in device plugin): system:node:<NODE_NAME>, confined by the
+    #: Node authorizer and NodeRestriction to this node and the pods bound to it.
+    kubelet_kubeconfig: Path
+    #: kube-proxy's: system:kube-proxy (Kubernetes' default system:node-proxier role).
+    proxy_kubeconfig: Path
 
     @property
     def containerd_state(self) -> Path:
@@ -245,7 +251,7 @@ def kube_proxy_config(layout: NodeLayout) -> dict[str, Any]:
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "mode": "nftables",
-        "clientConnection": {"kubeconfig": str(layout.kubeconfig)},
+        "clientConnection": {"kubeconfig": str(layout.proxy_kubeconfig)},
         "hostnameOverride": NODE_NAME,
         "bindAddress": BRIDGE_ADDRESS,
         "healthzBindAddress": layout.local("kube-proxy-healthz"),
@@ -299,7 +305,7 @@ def argv(component: str, layout: NodeLayout) -> list[str]:
         return [
             str(nodebuild.binary("kubelet")),
             f"--config={layout.file('kubelet.yaml')}",
-            f"--kubeconfig={layout.kubeconfig}",
+            f"--kubeconfig={layout.kubelet_kubeconfig}",
             f"--root-dir={layout.kubelet_root}",
             # its serving certificate, which would otherwise go to /var/lib/kubelet/pki
             f"--cert-dir={layout.kubelet_root / 'pki'}",

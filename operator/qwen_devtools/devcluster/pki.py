@@ -8,6 +8,8 @@ Files written into the given directory:
   aggregated API server (e.g. a custom metrics API) through the request-header flags.
 * ``apiserver-kubelet-client.crt``/``.key`` (with a real node only): the apiserver's client certificate
   for kubelet (logs, exec, port-forward), in ``system:masters`` so kubelet's webhook authorizer admits it.
+* ``kubelet.crt``/``.key``, ``kube-proxy.crt``/``.key`` (with a real node only): the node's own client
+  certificates (see `generate`).
 * ``sa.key``/``sa.pub``: service account token signing key pair.
 * ``tokens.csv``: static bearer token of the ``admin`` user in ``system:masters``.
 """
@@ -35,6 +37,8 @@ API_DNS_NAMES = (
 )
 FRONT_PROXY_CLIENT_CN = "front-proxy-client"
 KUBELET_CLIENT_CN = "kube-apiserver-kubelet-client"
+#: The user Kubernetes' default ClusterRoleBinding system:node-proxier binds.
+KUBE_PROXY_CN = "system:kube-proxy"
 _VALIDITY = datetime.timedelta(days=30)
 
 
@@ -134,10 +138,13 @@ def _make_sa_keys(directory: Path) -> None:
     (directory / "sa.pub").write_bytes(pub)
 
 
-def generate(directory: Path, extra_ips: list[str], kubelet_client: bool = False) -> Pki:
+def generate(directory: Path, extra_ips: list[str], node: str | None = None) -> Pki:
     """Create every PKI file in ``directory``; ``extra_ips`` are added to the serving certificate.
 
-    ``kubelet_client`` adds the apiserver's client certificate for a real kubelet.
+    ``node`` (the real node's name) adds the apiserver's client certificate for its kubelet, and the
+    node's own client certificates: ``kubelet`` as ``system:node:<node>`` in ``system:nodes`` (what the
+    Node authorizer and NodeRestriction confine) and ``kube-proxy`` as ``system:kube-proxy`` (bound to
+    the ``system:node-proxier`` ClusterRole by Kubernetes' default RBAC).
     """
     directory.mkdir(parents=True, exist_ok=True)
     ca = _make_ca(directory, "ca")
@@ -149,7 +156,7 @@ def generate(directory: Path, extra_ips: list[str], kubelet_client: bool = False
         ExtendedKeyUsageOID.SERVER_AUTH,
         _serving_sans(extra_ips),
     )
-    if kubelet_client:
+    if node:
         _make_leaf(
             directory,
             "apiserver-kubelet-client",
@@ -158,6 +165,11 @@ def generate(directory: Path, extra_ips: list[str], kubelet_client: bool = False
             ExtendedKeyUsageOID.CLIENT_AUTH,
             organization="system:masters",
         )
+        _make_leaf(
+            directory, "kubelet", f"system:node:{node}", ca, ExtendedKeyUsageOID.CLIENT_AUTH,
+            organization="system:nodes",
+        )  # fmt: skip
+        _make_leaf(directory, "kube-proxy", KUBE_PROXY_CN, ca, ExtendedKeyUsageOID.CLIENT_AUTH)
     front_proxy_ca = _make_ca(directory, "front-proxy-ca")
     _make_leaf(
         directory,

@@ -140,6 +140,8 @@ def node_layout(state: State) -> NodeLayout:
         kubeconfig=state.dir / "kubeconfig",
         ca_file=state.dir / "pki" / "ca.crt",
         pause_ref=nodebuild.pause_image().ref,
+        kubelet_kubeconfig=state.dir / "kubelet.kubeconfig",
+        proxy_kubeconfig=state.dir / "kube-proxy.kubeconfig",
     )
 
 
@@ -189,7 +191,7 @@ def _start_keeper(state: State, node: NodeLayout, lock_fd: int) -> None:
     argv = [
         "unshare", "--mount", "--propagation", "private", "--",
         sys.executable, "-m", "qwen_devtools.devcluster.keeper",
-        "--kubeconfig", str(node.kubeconfig), "--node", NODE_NAME, "--gpus", GPUS,
+        "--kubeconfig", str(node.kubelet_kubeconfig), "--node", NODE_NAME, "--gpus", GPUS,
         "--sysctls", str(node.sysctl_dir), "--ready-file", str(ready),
     ]  # fmt: skip
     pid = procs.start("keeper", argv, state.dir / "logs", pass_fds=(lock_fd,))

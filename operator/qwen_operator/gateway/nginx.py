@@ -42,7 +42,7 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
     return {
         "deployment": f"{qd.metadata.namespace}/{qd.metadata.name}",
         "auth": names.api_keys_secret(qd) is not None,
-        "engine_key": qd.spec.engine.api_key_secret is not None,
+        "engine_key": names.engine_key(qd) is not None,
         "worker_processes": 2,
         # each proxied request holds a client and an upstream connection
         "worker_connections": max(4096, 4 * limits.in_flight),

@@ -17,7 +17,7 @@ from .engine import build_engine_deployment, build_engine_service
 from .exposure import build_client_service, build_routes
 from .gateway import build_gateway
 from .monitoring import build_engine_service_monitor, build_gateway_pod_monitor, build_prometheus_rule
-from .policy import build_engine_network_policy, build_pdb
+from .policy import DEFAULT_SCRAPERS, build_engine_network_policy, build_pdb
 from .scaling import build_hpa, build_scaled_object
 
 
@@ -29,6 +29,8 @@ class ClusterFacts:
     missing_crds: frozenset[str] = field(default_factory=frozenset)
     #: The strategy of the engine rollout under way (Rollout.kept), which is not chosen again.
     rollout_under_way: Rollout | None = None
+    #: Who may reach the engines besides their gateway (the operator's setting, policy.parse_scrapers).
+    scrapers: tuple[dict[str, Any], ...] = DEFAULT_SCRAPERS
 
 
 @dataclass
@@ -54,7 +56,7 @@ def build_children(review: Review, facts: ClusterFacts | None = None) -> Childre
         build_pdb(review, "engine"),
     ]
     if spec.gateway.enabled:
-        objects += [build_pdb(review, "gateway"), build_engine_network_policy(review)]
+        objects += [build_pdb(review, "gateway"), build_engine_network_policy(review, facts.scrapers)]
     if spec.autoscaling:
         objects.append(build_hpa(review) if spec.autoscaling.driver == "hpa" else build_scaled_object(review))
     if spec.monitoring.service_monitor:

@@ -43,10 +43,10 @@ def _env(review: Review) -> list[dict[str, Any]]:
     if spec.model.hf_token_secret:
         ref = spec.model.hf_token_secret
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-    if spec.engine.api_key_secret:
-        ref = spec.engine.api_key_secret
+    key = names.engine_key(review.resource)
+    if key:
         env.append(
-            {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+            {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": key.name, "key": key.key}}}
         )
     return env + list(spec.engine.env)
 

@@ -52,7 +52,7 @@ def _nginx_container(review: Review, config: GatewayConfig) -> dict[str, Any]:
     ]
     if names.api_keys_secret(review.resource):
         mounts.append({"name": "api-keys", "mountPath": w.api_keys_dir, "readOnly": True})
-    if review.resource.spec.engine.api_key_secret:
+    if names.engine_key(review.resource):
         mounts.append({"name": "engine-key", "mountPath": w.engine_key_dir, "readOnly": True})
     return {
         "name": "nginx",
@@ -177,7 +177,7 @@ def _volumes(review: Review, config: GatewayConfig) -> list[dict[str, Any]]:
     if keys:
         # Mounted as files (not env) so that kubelet updates them in place and nginx reloads.
         volumes.append({"name": "api-keys", "secret": {"secretName": keys, "defaultMode": 0o440}})
-    ref = qd.spec.engine.api_key_secret
+    ref = names.engine_key(qd)
     if ref:
         volumes.append(
             {
@@ -327,6 +327,24 @@ def build_gateway(review: Review, config: GatewayConfig | None = None) -> list[d
 
 #: The key id in a generated API-key Secret (its file name in the gateway; the access log's key_id).
 GENERATED_KEY_ID = "default"
+
+
+def generated_engine_key_secret(review: Review, key: str) -> dict[str, Any] | None:
+    """The engine-key Secret the operator creates once when the gateway is on and the spec names none;
+    else None. Created like the API-key Secret (never applied, never overwritten, owned by the
+    QwenDeployment): the engines require the key and only the gateway pods mount it, so a pod that
+    reaches an engine some other way still gets 401 on the OpenAI routes (the NetworkPolicy is the guard
+    of the rest: docs/security.md)."""
+    qd = review.resource
+    if qd.spec.engine.api_key_secret or not qd.spec.gateway.enabled:
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(qd, names.generated_engine_key(qd), "engine"),
+        "type": "Opaque",
+        "stringData": {names.GENERATED_ENGINE_KEY: key},
+    }
 
 
 def generated_api_keys_secret(review: Review, key: str) -> dict[str, Any] | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Any
 
 from .. import names
@@ -9,8 +11,45 @@ from ..api.engine import ENGINE_PORT
 from ..api.review import Review
 from .meta import metadata
 
-#: Pods allowed to scrape engine metrics directly, in any namespace.
-SCRAPER_LABELS = {"app.kubernetes.io/name": "prometheus"}
+#: Who may connect to the engines besides their own gateway pods, unless the operator is told otherwise
+#: (the chart's `engineNetworkPolicy.scrapers`, env QWEN_OPERATOR_ENGINE_SCRAPERS): Prometheus pods of
+#: the namespace `monitoring`. NetworkPolicy peers: each names the namespaces and the pods in them.
+DEFAULT_SCRAPERS: tuple[dict[str, Any], ...] = (
+    {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    },
+)
+SCRAPERS_ENV = "QWEN_OPERATOR_ENGINE_SCRAPERS"
+_SELECTOR_KEYS = {"matchLabels", "matchExpressions"}
+
+
+def parse_scrapers(text: str | None) -> tuple[dict[str, Any], ...]:
+    """The scrapers setting (a JSON list of NetworkPolicy peers); DEFAULT_SCRAPERS when unset.
+
+    Each peer must name both a namespaceSelector and a podSelector that select something: an empty
+    selector matches every namespace (or every pod), which would let any pod that carries a label reach
+    the engines around the gateway. ValueError names the entry and what is wrong with it.
+    """
+    if text is None or not text.strip():
+        return DEFAULT_SCRAPERS
+    try:
+        peers = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{SCRAPERS_ENV} is not JSON: {error}") from None
+    if not isinstance(peers, list):
+        raise ValueError(f"{SCRAPERS_ENV} must be a JSON list of NetworkPolicy peers")
+    for i, peer in enumerate(peers):
+        where = f"{SCRAPERS_ENV}[{i}]"
+        if not isinstance(peer, dict) or set(peer) != {"namespaceSelector", "podSelector"}:
+            raise ValueError(f"{where}: exactly namespaceSelector and podSelector, got {peer!r}")
+        for key, selector in peer.items():
+            if not isinstance(selector, dict) or not selector or set(selector) - _SELECTOR_KEYS:
+                raise ValueError(
+                    f"{where}.{key}: a label selector (matchLabels, matchExpressions) that is not empty:"
+                    " an empty one selects everything"
+                )
+    return tuple(peers)
 
 
 def build_pdb(review: Review, component: str) -> dict[str, Any]:
@@ -25,8 +64,11 @@ def build_pdb(review: Review, component: str) -> dict[str, Any]:
     }
 
 
-def build_engine_network_policy(review: Review) -> dict[str, Any]:
-    """vLLM leaves some routes open even with an API key, so only the gateway and scrapers may connect."""
+def build_engine_network_policy(
+    review: Review, scrapers: tuple[dict[str, Any], ...] = DEFAULT_SCRAPERS
+) -> dict[str, Any]:
+    """The engines' guard: vLLM's --api-key covers /v1 only (/invocations, /tokenize, /pooling answer
+    without it), so no pod but this deployment's gateway and the named scrapers may connect at all."""
     qd = review.resource
     port = [{"protocol": "TCP", "port": ENGINE_PORT}]
     return {
@@ -38,10 +80,7 @@ def build_engine_network_policy(review: Review) -> dict[str, Any]:
             "policyTypes": ["Ingress"],
             "ingress": [
                 {"from": [{"podSelector": {"matchLabels": names.selector(qd, "gateway")}}], "ports": port},
-                {
-                    "from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": SCRAPER_LABELS}}],
-                    "ports": port,
-                },
+                {"from": [copy.deepcopy(peer) for peer in scrapers], "ports": port},
             ],
         },
     }

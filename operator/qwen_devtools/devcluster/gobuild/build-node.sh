@@ -17,7 +17,7 @@ cd "$HERE"
 step "downloading Go modules for Kubernetes $K8S"
 go mod download
 step "compiling kubelet and kube-proxy"
-go build -trimpath -ldflags "$LDF" -o "$OUT.tmp/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
+go build -trimpath "$NODWARF" -ldflags "$LDF" -o "$OUT.tmp/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
 printf 'kubernetes %s\n' "$K8S" > "$OUT.tmp/MANIFEST"
 rm -rf "$OUT"; mv "$OUT.tmp" "$OUT"
 step "done: $OUT"

@@ -30,6 +30,8 @@ import pytest
 import yaml
 
 from qwen_devtools.operator_proc import (
+    OPERATOR_ACCOUNT,
+    OPERATOR_NAMESPACE,
     OPERATOR_USER,
     OperatorProcess,
     audit_writes,
@@ -234,10 +236,42 @@ def changed_form(previous: Path, crs: list[dict[str, Any]], tmp: Path) -> dict[K
     return {key: paths for key, paths in diffs.items() if paths}
 
 
+#: What a v0.1.0 user on a cluster with OwnerReferencesPermissionEnforcement added to its RBAC.
+FINALIZERS_GRANT = [
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "qwen-operator-v0.1.0-finalizers"},
+        "rules": [
+            {
+                "apiGroups": ["inference.qwenops.dev"],
+                "resources": ["qwendeployments/finalizers"],
+                "verbs": ["update"],
+            }
+        ],
+    },
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "qwen-operator-v0.1.0-finalizers"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "qwen-operator-v0.1.0-finalizers",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_ACCOUNT, "namespace": OPERATOR_NAMESPACE}],
+    },
+]
+
+
 def run_previous(cluster: Any, previous: Path, crs: list[dict[str, Any]], tmp: Path) -> Path:
     """Install and run the previous release until `crs` converged; returns the operator's kubeconfig."""
     install_yaml = previous / "manifests" / "install.yaml"
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(install_yaml))
+    # v0.1.0's RBAC lacks update on qwendeployments/finalizers, which the dev cluster's
+    # OwnerReferencesPermissionEnforcement requires for its children's owner references: its users on
+    # such clusters had to grant it themselves, as here (this release's install.yaml has it).
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(FINALIZERS_GRANT))
     kubeconfig = service_account_kubeconfig(cluster, tmp / "kubeconfig")
     old = OperatorProcess(kubeconfig, tmp / f"{PREVIOUS}.log", env=operator_env(previous)).start()
     try:

@@ -288,8 +288,8 @@ def fault_during_update(
     offset = faulty.operator.log_path.stat().st_size
     apply = faulty.engine_apply(name)
     fault = faulty.proxy.inject(f"engine-apply-{reply.code}", apply, reply, seconds)
+    changed = time.monotonic()  # before the edit: the first attempt can fail before change_spec returns
     change_spec(cluster, ns, name, 16384)
-    changed = time.monotonic()
     synced = condition(wait_condition(cluster, ns, name, "Synced", "False", timeout=10), "Synced")
     wait_until(lambda: failing_objects(faulty) == 1, 10, "qwen_operator_failing_objects 1")
     obj = wait_converged(cluster, ns, name, timeout=seconds + 70)
@@ -356,8 +356,9 @@ def test_server_errors_outlast_kopfs_retries(cluster: Any, start_operator: Calla
         exclude=rf".+/namespaces/{ns}/(qwendeployments|events)(/.*)?",  # the status must get through
     )
     api_down = faulty.proxy.inject("reconciler-503", reconciler, Reply(503), seconds=seconds + 1)
-    change_spec(cluster, ns, name, 16384)
+    # Taken before the edit: the operator's first attempt can fail before change_spec has returned.
     changed = time.monotonic()
+    change_spec(cluster, ns, name, 16384)
     synced = condition(wait_condition(cluster, ns, name, "Synced", "False", timeout=10), "Synced")
     assert synced["reason"] == "ApiServerError", synced
     assert "retrying in" in synced["message"], synced

@@ -60,6 +60,7 @@ def test_a100_example_command_line_in_full() -> None:
         "--enable-chunked-prefill",
         "--enable-prefix-caching",
         "--kv-cache-dtype", "auto",
+        "--shutdown-timeout", "105",  # the 120 s grace period less the 10 s preStop and 5 s to exit
         "--reasoning-parser", "qwen3",
         "--enable-auto-tool-choice",
         "--tool-call-parser", "hermes",

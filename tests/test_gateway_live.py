@@ -591,3 +591,43 @@ def test_shutdown_drains_in_flight_streams(live: Live) -> None:
     data = stream.read_all()
     assert b"data: [DONE]" in data and stream.completion_tokens() == 900
     assert nginx.popen.wait(30) == 0
+
+
+def test_a_stream_longer_than_the_drain_is_cut_at_its_bound(live: Live) -> None:
+    """terminationGracePeriodSeconds 17 leaves nginx 2 s to drain (api/drains.py): a stream the client
+    does not read stays in flight, and nginx closes it then, before the kubelet's SIGKILL would."""
+    rev = review(_body(terminationGracePeriodSeconds=17))
+    assert rev.plan.gateway_drain_seconds == 2
+    with start_paced_sse_source(count=100, interval=0.1) as source:  # a 10 s stream
+        stack = start_gateway_stack(rev, [source.url], KEYS, ENGINE_KEY)
+        try:
+            stream = RawStream(stack, "/v1/completions", _completion(stream=True), "team-a")
+            stream.read_until(b"data: {")
+            nginx = stack.procs["nginx"]
+            nginx.popen.terminate()
+            stopped = time.monotonic()
+            assert nginx.popen.wait(15) == 0
+            assert 2 <= time.monotonic() - stopped < 6
+            data = stream.read_all()
+        finally:
+            stack.stop()
+    assert b"data: [DONE]" not in data  # cut: the client sees a stream without its end
+
+
+def test_a_terminating_engine_finishes_its_running_requests(live: Live) -> None:
+    """SIGTERM to an engine with a stream in flight, as kubelet sends it after the preStop hook: with the
+    rendered --shutdown-timeout, vLLM stops taking requests and finishes the stream (its default, 0,
+    aborts it). Last in the module: the engine does not come back."""
+    engine = live.engines[2]
+    assert "--shutdown-timeout" in live.review.command
+    body = _long_stream("Finish this story")
+    headers = {"Authorization": f"Bearer {ENGINE_KEY}"}
+    with HTTP.post(f"{engine.url}/v1/completions", json=body, headers=headers, stream=True, timeout=60) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith(b"data: "))
+        engine.popen.terminate()
+        events = [first, *(line for line in lines if line.startswith(b"data: "))]
+    assert events[-1] == b"data: [DONE]", events[-3:]
+    assert json.loads(events[-2][6:])["usage"]["completion_tokens"] == 900
+    assert engine.popen.wait(60) == 0

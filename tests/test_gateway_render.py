@@ -62,6 +62,9 @@ def _one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found
 
 
+_WIRING = loopback_wiring(Path("/tmp/unused"), ["http://127.0.0.1:1"])
+
+
 def _pod(rev: Review) -> dict[str, Any]:
     pod: dict[str, Any] = _one(build_gateway(rev), "Deployment")["spec"]["template"]["spec"]
     return pod
@@ -272,7 +275,32 @@ def test_timeouts_follow_the_spec() -> None:
     assert "proxy_buffering off;" in conf
     args = router_args(rev)
     assert args[args.index("--request-timeout-secs") + 1] == "1234"
-    assert _pod(rev)["terminationGracePeriodSeconds"] >= 1234
+    # A pod drains at most 600 s by default: a node drain is not held for the whole request timeout.
+    assert _pod(rev)["terminationGracePeriodSeconds"] == 600 + 15
+    assert "worker_shutdown_timeout 1234s;" in conf  # a reload (key rotation) keeps long streams
+    assert "left=600\n" in gateway.config_files(rev, _WIRING)["run-nginx.sh"]
+
+
+@pytest.mark.parametrize(
+    ("gateway_spec", "grace", "drain"),
+    [
+        ({"requestTimeoutSeconds": 120}, 135, 120),  # the request timeout, plus 15 s to leave and exit
+        ({"requestTimeoutSeconds": 7200}, 615, 600),  # capped: 128K-token requests run for hours
+        ({"requestTimeoutSeconds": 7200, "terminationGracePeriodSeconds": 3615}, 3615, 3600),  # asked for
+        ({"requestTimeoutSeconds": 60, "terminationGracePeriodSeconds": 900}, 900, 60),  # no stream outlives
+    ],
+)
+def test_a_gateway_pod_drains_within_its_grace_period(
+    gateway_spec: dict[str, int], grace: int, drain: int
+) -> None:
+    rev = _review(**gateway_spec)
+    assert rev.plan.gateway_drain_seconds == drain
+    pod = _pod(rev)
+    assert pod["terminationGracePeriodSeconds"] == grace
+    assert f"left={drain}\n" in gateway.config_files(rev, _WIRING)["run-nginx.sh"]
+    router = next(c for c in pod["containers"] if c["name"] == "router")
+    wait = router["lifecycle"]["preStop"]["exec"]["command"][-1]
+    assert f"time.monotonic() + {drain + 5}\n" in wait  # routes until nginx has drained
 
 
 def test_the_default_policy_keeps_conversations_on_one_engine() -> None:

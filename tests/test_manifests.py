@@ -160,7 +160,47 @@ def _with_everything(rev: Review) -> Review:
     body["spec"]["gateway"]["ingress"] = {"host": "chat.example.com", "tlsSecretName": "chat-tls"}
     body["spec"]["engine"]["priorityClassName"] = "gpu-high"
     body["spec"]["model"]["cache"] = {"claimName": "qwen-weights"}
+    body["spec"]["gpu"]["runtimeClassName"] = "nvidia"
+    body["spec"]["imagePullSecrets"] = [{"name": "registry-mirror"}]
     return review(body)
+
+
+def _pods(rev: Review) -> dict[str, dict[str, Any]]:
+    """Pod spec of each Deployment by component (engine, gateway)."""
+    return {
+        o["metadata"]["labels"]["app.kubernetes.io/component"]: o["spec"]["template"]["spec"]
+        for o in _by_kind(build_all(rev), "Deployment")
+    }
+
+
+def test_runtime_class_and_pull_secrets_reach_the_pods_that_need_them() -> None:
+    pods = _pods(_review())
+    assert all("runtimeClassName" not in p and "imagePullSecrets" not in p for p in pods.values())
+    pods = _pods(
+        _review(gpu={"type": "A100-80GB", "runtimeClassName": "nvidia"}, imagePullSecrets=[{"name": "m"}])
+    )
+    assert pods["engine"]["runtimeClassName"] == "nvidia"
+    assert "runtimeClassName" not in pods["gateway"], "the gateway runs no GPU code"
+    assert pods["engine"]["imagePullSecrets"] == pods["gateway"]["imagePullSecrets"] == [{"name": "m"}]
+
+
+def _disk(rev: Review) -> tuple[str, str]:
+    resources = _pods(rev)["engine"]["containers"][0]["resources"]
+    return resources["requests"]["ephemeral-storage"], resources["limits"]["ephemeral-storage"]
+
+
+def test_ephemeral_storage_covers_an_emptydir_model_cache() -> None:
+    rev = _review(model={"name": "Qwen/Qwen3-32B"})  # no claim: the weights go to an emptyDir
+    volume = next(v for v in _pods(rev)["engine"]["volumes"] if v["name"] == "model-cache")
+    limit_gib = int(volume["emptyDir"]["sizeLimit"].removesuffix("Gi"))
+    assert limit_gib * 2**30 > rev.plan.weights_bytes_per_gpu * rev.plan.gpus_per_replica
+    # The cache's usage counts against the pod's ephemeral storage: a request below it would let the
+    # scheduler place the pod on a disk too small, and a limit below it evicts the pod mid-download.
+    assert _disk(rev) == (f"{limit_gib + 10}Gi", f"{limit_gib + 10}Gi")
+    claimed = _review(model={"name": "Qwen/Qwen3-32B", "cache": {"claimName": "weights"}})
+    assert _disk(claimed) == ("10Gi", "10Gi")
+    chosen = _review(engine={"resources": {"ephemeralStorage": "200G"}})
+    assert _disk(chosen) == ("200G", "200G")
 
 
 def test_one_gateway_configuration_render_per_build(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -89,6 +89,7 @@ def _table(r: Review) -> str:
             f"{d['gpu']} x {d['gpusPerReplica']} per replica (TP {d['tensorParallelSize']}, "
             f"PP {d['pipelineParallelSize']})",
         ),
+        ("GPU nodes", d["nodeSelection"]),
         ("Weights per GPU", f"{d['weightsGiBPerGpu']} GiB"),
         ("Runtime memory per GPU", f"{d['runtimeGiBPerGpu']} GiB (profile peak, non-torch, CUDA graphs)"),
         ("KV cache per GPU", f"{d['kvCacheGiBPerGpu']} GiB"),
@@ -106,6 +107,10 @@ def _table(r: Review) -> str:
             else f"~{d['prefillStepSeconds']:.1f} s",
         ),
         ("Gateway request timeout", f"{d['requestTimeoutSeconds']} s"),
+        (
+            "Drain on shutdown",
+            f"engine {d['drainSeconds']['engine']} s, gateway {d['drainSeconds']['gateway']} s",
+        ),
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]

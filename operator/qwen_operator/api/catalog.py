@@ -204,3 +204,50 @@ def architecture_of(capability: tuple[int, int]) -> str:
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_RESOURCE = "nvidia.com/gpu"
+GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
+
+#: GKE's accelerator label values of the catalog's GPUs that GKE offers (GKE sets the label on every
+#: GPU node; GPU feature discovery is not installed there by default).
+GKE_ACCELERATORS: dict[str, tuple[str, ...]] = {
+    "L4-24GB": ("nvidia-l4",),
+    "A100-40GB": ("nvidia-tesla-a100",),
+    "A100-80GB": ("nvidia-a100-80gb",),
+    "H100-80GB": ("nvidia-h100-80gb", "nvidia-h100-mega-80gb"),
+    "H200-141GB": ("nvidia-h200-141gb",),
+    "B200-180GB": ("nvidia-b200",),
+    "RTX-PRO-6000-Blackwell-96GB": ("nvidia-rtx-pro-6000",),
+}
+
+#: EKS: Karpenter's and EKS Auto Mode's GPU name labels, set from EC2's instance type data (lower case).
+KARPENTER_GPU_NAME_LABEL = "karpenter.k8s.aws/instance-gpu-name"
+EKS_AUTO_GPU_NAME_LABEL = "eks.amazonaws.com/instance-gpu-name"
+#: Their values for the catalog's GPUs on EC2. A100 is left out: p4d (40 GB) and p4de (80 GB) share
+#: "a100", which only the instance-gpu-memory label tells apart (a nodeSelector with both does).
+EC2_GPU_NAMES: dict[str, tuple[str, ...]] = {
+    "A10G-24GB": ("a10g",),
+    "L4-24GB": ("l4",),
+    "L40S-48GB": ("l40s",),
+    "H100-80GB": ("h100",),
+    "H200-141GB": ("h200",),
+    "B200-180GB": ("b200",),
+}
+
+
+def node_label_values(key: str, gpu: GpuInfo) -> tuple[str, ...]:
+    """The values of node label `key` that name `gpu`, where the catalog knows them; () otherwise."""
+    if key == GPU_PRODUCT_LABEL:
+        return gpu.product_labels
+    if key == GKE_ACCELERATOR_LABEL:
+        return GKE_ACCELERATORS.get(gpu.type, ())
+    if key in (KARPENTER_GPU_NAME_LABEL, EKS_AUTO_GPU_NAME_LABEL):
+        return EC2_GPU_NAMES.get(gpu.type, ())
+    return ()
+
+
+#: The node labels whose values the catalog knows, for messages and docs.
+KNOWN_NODE_LABELS = (
+    GPU_PRODUCT_LABEL,
+    GKE_ACCELERATOR_LABEL,
+    KARPENTER_GPU_NAME_LABEL,
+    EKS_AUTO_GPU_NAME_LABEL,
+)

@@ -84,6 +84,10 @@ OWNED_FLAGS: dict[str, Owned] = {
     "--no-enable-auto-tool-choice": Owned("spec.engine.toolCalling"),
     "--tool-call-parser": Owned("spec.engine.toolCalling"),
     "--download-dir": Owned("spec.model.cache"),
+    "--shutdown-timeout": Owned(
+        "spec.engine.terminationGracePeriodSeconds",
+        "vLLM drains running requests for the grace period less the preStop and 5 s to exit",
+    ),
     "--kv-cache-memory-bytes": Owned("spec.engine.gpuMemoryUtilization", _PLAN_MEMORY),
     "--num-gpu-blocks-override": Owned("spec.engine.gpuMemoryUtilization", _PLAN_MEMORY),
 }
@@ -268,6 +272,8 @@ def engine_args(spec: QwenDeploymentSpec, plan: Plan) -> list[str]:
         "--enable-chunked-prefill" if e.enable_chunked_prefill else "--no-enable-chunked-prefill",
         "--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching",
         "--kv-cache-dtype", e.kv_cache_dtype,
+        # vLLM's default (0) aborts every running request on SIGTERM: drain them instead (drains.py).
+        "--shutdown-timeout", str(plan.engine_drain_seconds),
     ]  # fmt: skip
     if m.revision:
         args += ["--revision", m.revision]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import drains
 from .catalog import (
     COMPATIBLE_QUANTIZATION,
     CONFIG_MAX_POSITIONS,
@@ -152,6 +153,9 @@ class Plan:
     prefill_step_seconds: float | None = None  # the longest scheduler step: a full-budget prefill chunk
     yarn: Yarn | None = None
     request_timeout_seconds: int = 0  # the gateway's request timeout: the spec's, or derived
+    #: How long a terminating pod keeps serving what it has in flight (drains.py says how).
+    engine_drain_seconds: int = 0
+    gateway_drain_seconds: int = 0
     warnings: list[tuple[str, str]] = field(default_factory=list)
     config_errors: list[tuple[str, str]] = field(default_factory=list)  # rules broken (ConfigValid)
     capacity_errors: list[tuple[str, str]] = field(default_factory=list)  # GPU pool too small (CapacityFit)
@@ -197,6 +201,8 @@ def make_plan(spec: QwenDeploymentSpec) -> Plan:
         max_model_len=engine.max_model_len,
     )
     plan.request_timeout_seconds = request_timeout_seconds(spec)
+    plan.engine_drain_seconds = drains.engine_drain_seconds(spec)
+    plan.gateway_drain_seconds = drains.gateway_drain_seconds(spec, plan.request_timeout_seconds)
     model = _model_of(plan, spec)
     if model is None:
         return plan

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .catalog import GPU_PRODUCT_LABEL
 from .spec import GpuPool
 
 #: Taint effects that keep a pod off a node unless it tolerates them.
@@ -27,6 +26,8 @@ class NodePool:
     affinity: dict[str, Any] | None = None
     #: nodeSelectorTerms of the required node affinity (ORed), [] when none restricts.
     required_terms: list[dict[str, Any]] = field(default_factory=list)
+    #: What selects the pool's nodes, in words (status.plan.nodeSelection).
+    selection: str = ""
 
     @staticmethod
     def of(gpu: GpuPool) -> NodePool:
@@ -36,9 +37,16 @@ class NodePool:
             else [{"key": gpu.resource_name, "operator": "Exists", "effect": "NoSchedule"}]
         )
         affinity = gpu.affinity
-        if affinity is None and gpu.node_selector is None:
-            # Default pool: every node labelled with one of the GPU type's product names.
-            term = {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": list(gpu.info().product_labels)}
+        if gpu.affinity is not None:
+            selection = "spec.gpu.affinity"
+        elif gpu.node_selector is not None:
+            selection = "spec.gpu.nodeSelector " + ", ".join(f"{k}={v}" for k, v in gpu.node_selector.items())
+        else:
+            # Default pool: every node labelled with one of the GPU type's names (GPU feature
+            # discovery's product label, or the one spec.gpu.nodeLabel names).
+            values = list(gpu.node_label_values())
+            selection = f"{gpu.node_label_key()} in ({', '.join(values)})"
+            term = {"key": gpu.node_label_key(), "operator": "In", "values": values}
             affinity = {
                 "nodeAffinity": {
                     "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -55,6 +63,7 @@ class NodePool:
             node_selector=gpu.node_selector,
             affinity=affinity,
             required_terms=list(required.get("nodeSelectorTerms") or []),
+            selection=selection,
         )
 
     def pod_scheduling(self) -> dict[str, Any]:

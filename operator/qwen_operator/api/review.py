@@ -12,6 +12,7 @@ from typing import Any
 from .catalog import GIB
 from .engine import check_extra_args, command_line
 from .plan import Plan, make_plan
+from .pool import NodePool
 from .queueing import check_pass_through, check_routing
 from .spec import QwenDeployment, parse
 
@@ -45,6 +46,7 @@ class Review:
             "fits": p.fits,
             "model": p.model,
             "gpu": p.gpu,
+            "nodeSelection": NodePool.of(self.resource.spec.gpu).selection,
             "tensorParallelSize": p.tensor_parallel_size,
             "pipelineParallelSize": p.pipeline_parallel_size,
             "gpusPerReplica": p.gpus_per_replica,
@@ -62,6 +64,7 @@ class Review:
                 None if p.prefill_step_seconds is None else round(p.prefill_step_seconds, 2)
             ),
             "requestTimeoutSeconds": p.request_timeout_seconds,
+            "drainSeconds": {"engine": p.engine_drain_seconds, "gateway": p.gateway_drain_seconds},
             "engineArgs": self.command,
             "warnings": [f"{path}: {msg}" for path, msg in p.warnings],
             "errors": [f"{path}: {msg}" for path, msg in p.errors],

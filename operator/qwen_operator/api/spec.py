@@ -26,10 +26,13 @@ from pydantic_core import PydanticCustomError
 from .catalog import (
     CONFIG_MAX_POSITIONS,
     DEFAULT_ENGINE_IMAGE,
+    GPU_PRODUCT_LABEL,
     GPUS,
+    KNOWN_NODE_LABELS,
     MAX_CONTEXT,
     GpuInfo,
     architecture_of,
+    node_label_values,
 )
 
 GROUP = "inference.qwenops.dev"
@@ -238,6 +241,12 @@ EnvVar = Annotated[
 ]
 
 
+class LocalObjectReference(Model):
+    """An object of the QwenDeployment's namespace, by name."""
+
+    name: DnsName = Field(description="Its name.")
+
+
 class SecretKeyRef(Model):
     """A key of a Secret in the QwenDeployment's namespace."""
 
@@ -370,6 +379,33 @@ class CustomGpu(Model):
         )
 
 
+class NodeLabel(Model):
+    """The node label that names the GPU model, for clusters without GPU feature discovery's."""
+
+    key: str = Field(
+        min_length=1,
+        max_length=317,
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+        description=f"Label key: `{GPU_PRODUCT_LABEL}` (GPU feature discovery, the default), "
+        "`cloud.google.com/gke-accelerator` (GKE), or any label your nodes carry (EKS: "
+        "`eks.amazonaws.com/instance-gpu-name` in Auto Mode, `karpenter.k8s.aws/instance-gpu-name` "
+        "with Karpenter, or one your node groups set) together with `values`.",
+    )
+    values: list[Annotated[str, Field(min_length=1, max_length=63)]] | None = Field(
+        default=None,
+        min_length=1,
+        description="Label values of this GPU type (nodes with any of them are in the pool). Default: the "
+        f"catalog's for {' and '.join(KNOWN_NODE_LABELS)}; required for other keys and for type Custom "
+        "on another key than GPU feature discovery's.",
+    )
+
+
+_NODE_LABEL_REPLACED = (
+    "nodeLabel chooses the label of the default node selection, which nodeSelector and affinity "
+    "replace; set nodeLabel or those, not both"
+)
+
+
 class GpuPool(Model):
     """The GPU node pool the engine pods run on."""
 
@@ -381,7 +417,12 @@ class GpuPool(Model):
                     "message": "type Custom needs custom (the GPU's memory, compute capability and "
                     "product labels); other types take theirs from the catalog",
                     "fieldPath": ".custom",
-                }
+                },
+                {
+                    "rule": "!has(self.nodeLabel) || !(has(self.nodeSelector) || has(self.affinity))",
+                    "message": _NODE_LABEL_REPLACED,
+                    "fieldPath": ".nodeLabel",
+                },
             ]
         }
     )
@@ -394,6 +435,11 @@ class GpuPool(Model):
     gpus_per_node: int = Field(
         default=8, ge=1, le=16, description="GPUs on one node of the pool; a replica never spans nodes."
     )
+    node_label: NodeLabel | None = Field(
+        default=None,
+        description=f"The node label the default selection reads (default `{GPU_PRODUCT_LABEL}` in the "
+        "GPU type's usual values); status.plan.nodeSelection says what is selected.",
+    )
     node_selector: dict[str, str] | None = Field(
         default=None,
         description="Replaces the default selection (nvidia.com/gpu.product in the GPU type's usual values).",
@@ -403,6 +449,11 @@ class GpuPool(Model):
         default=None, description="Replaces the default toleration of the nvidia.com/gpu taint."
     )
     resource_name: str = Field(default="nvidia.com/gpu", description="Extended resource name of the GPU.")
+    runtime_class_name: DnsName | None = Field(
+        default=None,
+        description="RuntimeClass of the engine pods, where the GPU runtime is not the nodes' default: "
+        "`nvidia` on k3s and RKE2, and with the GPU Operator when it does not set the default runtime.",
+    )
 
     @model_validator(mode="after")
     def _custom_iff_type_custom(self) -> GpuPool:
@@ -411,6 +462,36 @@ class GpuPool(Model):
         if self.type != CUSTOM_GPU and self.custom is not None:
             raise field_error("custom", f"{self.type} is in the catalog; custom needs type Custom")
         return self
+
+    @model_validator(mode="after")
+    def _node_label_has_values(self) -> GpuPool:
+        label = self.node_label
+        if label is None:
+            return self
+        if self.node_selector is not None or self.affinity is not None:
+            raise field_error("nodeLabel", _NODE_LABEL_REPLACED)
+        if label.values is None and not self.node_label_values():
+            known = f"the catalog knows the values of {', '.join(KNOWN_NODE_LABELS)} only"
+            if label.key in KNOWN_NODE_LABELS:
+                known = f"the catalog has no value of {label.key} for {self.info().type}"
+            raise field_error(
+                "nodeLabel.values",
+                f"{known}; list the values your {self.info().type} nodes carry "
+                f"(kubectl get nodes -L {label.key})",
+            )
+        return self
+
+    def node_label_key(self) -> str:
+        return self.node_label.key if self.node_label else GPU_PRODUCT_LABEL
+
+    def node_label_values(self) -> tuple[str, ...]:
+        """The label values of the default node selection (the spec's, else the catalog's)."""
+        if self.node_label and self.node_label.values is not None:
+            return tuple(self.node_label.values)
+        key = self.node_label_key()
+        if self.custom is not None and key != GPU_PRODUCT_LABEL:
+            return ()  # a custom GPU declares its GPU feature discovery values only
+        return node_label_values(key, self.info())
 
     def info(self) -> GpuInfo:
         """The GPU's facts: the catalog's, or those declared in `custom`."""
@@ -501,6 +582,12 @@ class Resources(Model):
     cpu: Quantity = Field(default="8", description="CPU request (no CPU limit: throttling hurts latency).")
     memory: Quantity = Field(default="64Gi", description="Memory request and limit.")
     shm_size: Quantity = Field(default="16Gi", description="Size of the memory-backed /dev/shm (NCCL).")
+    ephemeral_storage: Quantity | None = Field(
+        default=None,
+        description="ephemeral-storage request and limit of the engine container (node disk: its "
+        "writable layer, logs, and the model cache when it is an emptyDir). Default: the emptyDir "
+        "cache's size limit (none with cache.claimName) plus 10Gi for vLLM's compile caches and logs.",
+    )
 
 
 class Probes(Model):
@@ -570,7 +657,12 @@ class Engine(Model):
     resources: Resources = Field(default_factory=Resources, description="CPU and memory.")
     probes: Probes = Field(default_factory=Probes, description="Probe budget overrides.")
     termination_grace_period_seconds: int = Field(
-        default=120, ge=0, le=3600, description="Time for in-flight requests to finish on shutdown."
+        default=120,
+        ge=0,
+        le=3600,
+        description="Longest time a terminating engine pod takes (rollout, scale-in, node drain): a "
+        "10 s preStop while the router drops it, then vLLM finishes its running requests for the rest "
+        "less 5 s (--shutdown-timeout; status.plan.drainSeconds.engine) and aborts those still running.",
     )
     priority_class_name: str | None = Field(default=None, description="PriorityClass of engine pods.")
     upgrade_policy: Literal["OnEdit", "Immediate"] = Field(
@@ -761,6 +853,14 @@ class Gateway(Model):
         "tokens at a conservative 20 tokens/s per stream, plus 2 minutes, in whole minutes (see the plan).",
     )
     connect_timeout_seconds: int = Field(default=5, ge=1, le=60, description="Connect timeout to an engine.")
+    termination_grace_period_seconds: int | None = Field(
+        default=None,
+        ge=15,
+        le=86_400,
+        description="Longest time a terminating gateway pod takes (rollout, node drain): 15 s to leave the "
+        "Service and exit, the rest finishing its streams (status.plan.drainSeconds.gateway). Default: "
+        "the request timeout, at most 600 s, plus 15 s; streams still running then are cut.",
+    )
     image: Image | None = Field(default=None, description="Gateway image (nginx + vllm-router).")
     service: GatewayService = Field(default_factory=GatewayService, description="Client-facing Service.")
     ingress: Ingress | None = Field(default=None, description="Optional Ingress.")
@@ -811,6 +911,12 @@ class QwenDeploymentSpec(Model):
     autoscaling: Autoscaling | None = Field(default=None, description="Queue-depth autoscaling.")
     gateway: Gateway = Field(default_factory=Gateway, description="Client-facing gateway.")
     monitoring: Monitoring = Field(default_factory=Monitoring, description="Prometheus integration.")
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Secrets (type kubernetes.io/dockerconfigjson, in this namespace) the engine and "
+        "gateway pods pull their images with, for private registries and mirrors.",
+    )
 
     @model_validator(mode="after")
     def _replicas_xor_autoscaling(self) -> QwenDeploymentSpec:

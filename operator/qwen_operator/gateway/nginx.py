@@ -47,6 +47,7 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
         # each proxied request holds a client and an upstream connection
         "worker_connections": max(4096, 4 * limits.in_flight),
         "request_timeout": review.plan.request_timeout_seconds,
+        "drain": review.plan.gateway_drain_seconds,
         "connect_timeout": g.connect_timeout_seconds,
         "rate_per_minute": limits.rate_per_minute,
         "spec_rate_per_minute": g.rate_limit.requests_per_minute,

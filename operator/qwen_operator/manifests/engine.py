@@ -7,11 +7,13 @@ from typing import Any
 
 from .. import names
 from ..api.catalog import DEFAULT_ENGINE_IMAGE
+from ..api.drains import ENGINE_PRESTOP_SECONDS
 from ..api.engine import ENGINE_COMMAND, ENGINE_PORT, engine_args
 from ..api.pool import NodePool
 from ..api.quantity import canonical
 from ..api.review import Review
 from ..api.rollout import ROLLOUT_ANNOTATION, Rollout
+from ..api.spec import quantity_bytes
 from .meta import metadata
 
 MODEL_CACHE_PATH = "/models"
@@ -21,6 +23,9 @@ STARTUP_PROBE_PERIOD = 10
 #: download (about 100 MB/s) and load; a slow registry or disk should not kill a pod mid-load.
 STARTUP_BASE_SECONDS = 600
 STARTUP_SECONDS_PER_GB = 10
+#: Node disk an engine writes besides an emptyDir model cache: torch.compile, Triton and FlashInfer
+#: caches under $HOME/.cache, logs and the container's writable layer.
+SCRATCH_GIB = 10
 
 
 def startup_seconds(review: Review) -> int:
@@ -51,16 +56,33 @@ def _env(review: Review) -> list[dict[str, Any]]:
     return env + list(spec.engine.env)
 
 
+def cache_size_limit(review: Review) -> str | None:
+    """sizeLimit of the emptyDir model cache (the spec's, else the weights plus 20%); None with a PVC."""
+    cache = review.resource.spec.model.cache
+    if cache.claim_name:
+        return None
+    weights_gib = math.ceil(review.plan.weights_bytes_per_gpu * review.plan.gpus_per_replica * 1.2 / 2**30)
+    return canonical(cache.size_limit or f"{weights_gib}Gi")
+
+
+def ephemeral_storage(review: Review) -> str:
+    """The engine container's ephemeral-storage request and limit: the spec's, else the emptyDir cache
+    (its usage counts against the pod's) plus SCRATCH_GIB for compile caches, logs and writable layer."""
+    override = review.resource.spec.engine.resources.ephemeral_storage
+    if override:
+        return canonical(override)
+    cache = cache_size_limit(review)
+    cache_bytes = quantity_bytes(cache) if cache else 0
+    return canonical(f"{math.ceil(cache_bytes / 2**30) + SCRATCH_GIB}Gi")
+
+
 def _volumes(review: Review) -> list[dict[str, Any]]:
     spec = review.resource.spec
     cache = spec.model.cache
     if cache.claim_name:
         model_volume: dict[str, Any] = {"persistentVolumeClaim": {"claimName": cache.claim_name}}
     else:
-        weights_gib = math.ceil(
-            review.plan.weights_bytes_per_gpu * review.plan.gpus_per_replica * 1.2 / 2**30
-        )
-        model_volume = {"emptyDir": {"sizeLimit": canonical(cache.size_limit or f"{weights_gib}Gi")}}
+        model_volume = {"emptyDir": {"sizeLimit": cache_size_limit(review)}}
     return [
         {"name": "model-cache", **model_volume},
         {
@@ -77,6 +99,7 @@ def _container(review: Review) -> dict[str, Any]:
     startup = startup_seconds(review)
     # As the API server stores them, so that the Deployment read back matches (api/quantity.py).
     cpu, memory = canonical(e.resources.cpu), canonical(e.resources.memory)
+    disk = ephemeral_storage(review)
     probe = {"httpGet": {"path": HEALTH_PATH, "port": "http"}}
     return {
         "name": "vllm",
@@ -90,8 +113,9 @@ def _container(review: Review) -> dict[str, Any]:
                 "cpu": cpu,
                 "memory": memory,
                 spec.gpu.resource_name: str(gpus),
+                "ephemeral-storage": disk,
             },
-            "limits": {"memory": memory, spec.gpu.resource_name: str(gpus)},
+            "limits": {"memory": memory, spec.gpu.resource_name: str(gpus), "ephemeral-storage": disk},
         },
         "volumeMounts": [
             {"name": "model-cache", "mountPath": MODEL_CACHE_PATH},
@@ -106,7 +130,7 @@ def _container(review: Review) -> dict[str, Any]:
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5},
         "livenessProbe": {**probe, "periodSeconds": 15, "failureThreshold": 6, "timeoutSeconds": 10},
         # Leave the gateway time to stop routing here before vLLM starts refusing requests.
-        "lifecycle": {"preStop": {"sleep": {"seconds": 10}}},
+        "lifecycle": {"preStop": {"sleep": {"seconds": ENGINE_PRESTOP_SECONDS}}},
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
 
@@ -129,6 +153,10 @@ def build_engine_deployment(review: Review, rollout: Rollout) -> dict[str, Any]:
     }
     if spec.engine.priority_class_name:
         pod_spec["priorityClassName"] = spec.engine.priority_class_name
+    if spec.gpu.runtime_class_name:
+        pod_spec["runtimeClassName"] = spec.gpu.runtime_class_name
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
     body: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import names, versions
+from ..api.drains import gateway_grace_seconds
 from ..api.review import Review
 from ..gateway import GATEWAY_METRICS_PORTS, SERVICE_ACCOUNT_DIR, GatewayConfig, router_env
 from ..gateway.config import LOG_EXPORTER_CONF, RUN_NGINX
@@ -84,7 +85,7 @@ def _nginx_container(review: Review, config: GatewayConfig) -> dict[str, Any]:
 
 def _router_container(review: Review, config: GatewayConfig) -> dict[str, Any]:
     w = config.wiring
-    timeout = review.plan.request_timeout_seconds + DRAIN_DELAY_SECONDS
+    timeout = review.plan.gateway_drain_seconds + DRAIN_DELAY_SECONDS
     # Keep routing until nginx has drained its in-flight streams (nginx removes its pid file on exit).
     wait_for_nginx = (
         "import os, time\n"
@@ -235,8 +236,8 @@ def build_gateway_deployment(review: Review, config: GatewayConfig) -> dict[str,
             "fsGroup": RUN_AS,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        # Streams in flight may run up to the request timeout after nginx stops accepting.
-        "terminationGracePeriodSeconds": review.plan.request_timeout_seconds + DRAIN_DELAY_SECONDS + 10,
+        # Streams in flight run for the drain time after nginx stops accepting (api/drains.py).
+        "terminationGracePeriodSeconds": gateway_grace_seconds(qd.spec, review.plan.request_timeout_seconds),
         "affinity": _affinity(review),
         "topologySpreadConstraints": [
             {
@@ -253,6 +254,8 @@ def build_gateway_deployment(review: Review, config: GatewayConfig) -> dict[str,
         ],
         "volumes": _volumes(review, config),
     }
+    if qd.spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in qd.spec.image_pull_secrets]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -1,6 +1,6 @@
 """The dev cluster's real node: pods of the local pause image really run on ``qwen-real-0``, reach the
-API server and cluster DNS, sit behind Services, are placed by their GPU requests, and ``down`` leaves
-nothing of the node on the host.
+API server and cluster DNS, sit behind Services, are held to NetworkPolicy, are placed by their GPU
+requests, and ``down`` leaves nothing of the node on the host.
 
 The in-pod checks use ``probe`` (images/pause): it prints one JSON line per check, read from the pod log.
 The test marked stops_real_cluster stops the session's real-node cluster; conftest runs it after every
@@ -257,6 +257,40 @@ def test_service_cluster_ip_reaches_pod_from_host(
     assert wait_until(answer, 30, f"http://{cluster_ip}/ to answer").strip() == "probe hello"
 
 
+def test_network_policy_is_enforced_between_pods(
+    real_api_client: client.ApiClient, real_namespace: str
+) -> None:
+    """kube-network-policies decides each new pod connection: a NetworkPolicy that admits only pods
+    labelled ``role=friend`` lets the friend through and drops the stranger's connection (no answer at
+    all: the probe times out), while the node itself (kubelet's readiness probe) still gets in."""
+    core = client.CoreV1Api(real_api_client)
+    networking = client.NetworkingV1Api(real_api_client)
+    core.create_namespaced_pod(real_namespace, _server("guarded"))
+    web = _wait_ready(core, real_namespace, "guarded")
+    policy = {
+        "metadata": {"name": "friends-only"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "guarded"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "friend"}}}]}],
+        },
+    }
+    networking.create_namespaced_network_policy(real_namespace, policy)
+    url = f"http://{web['status']['podIP']}:8080/"
+    for name, labels in (("friend", {"role": "friend"}), ("stranger", {"role": "stranger"})):
+        pod = _pod(name, ["-get", url], restartPolicy="Never")
+        pod["metadata"]["labels"] |= labels
+        core.create_namespaced_pod(real_namespace, pod)
+    results = {}
+    for name in ("friend", "stranger"):
+        _wait_finished(core, real_namespace, name)
+        results[name] = _probe_results(core, real_namespace, name)[0]
+    print(json.dumps(results))
+    assert results["friend"].get("status") == 200, results
+    assert "status" not in results["stranger"] and "Timeout" in results["stranger"]["error"], results
+    assert _ready(_read_pod(core, real_namespace, "guarded"))
+
+
 def test_scheduler_places_gpu_pods_by_the_patched_capacity(
     real_api_client: client.ApiClient, real_namespace: str
 ) -> None:
@@ -319,13 +353,14 @@ def test_down_leaves_nothing_on_the_host(
         pytest.skip("QWEN_E2E_KEEP=1 keeps the cluster")
     assert real_cluster.name is not None
     assert realnode.holder() == real_cluster.name
-    assert network.bridge_exists() and network.table_exists()
+    assert network.bridge_exists() and network.table_exists() and network.policies_enforced()
     started = time.monotonic()
     devcluster.down(real_cluster.name)
     down_seconds = time.monotonic() - started
     with capsys.disabled():
         print(f"\n[real node] down of {real_cluster.name!r}: {down_seconds:.1f} s")
     assert not network.bridge_exists()
+    assert not network.policies_enforced() and not network.policy_queue_bound()
     assert {path.name for path in Path("/sys/class/net").glob("veth*")} <= VETHS_BEFORE
     mounts = Path("/proc/self/mountinfo").read_text()
     assert "kubelet" not in mounts and "qwen-devcluster" not in mounts

@@ -28,6 +28,7 @@ import pytest
 from qwen_devtools import serving
 from qwen_devtools.capacity import CapacityWatch
 from qwen_devtools.devcluster import cluster as devcluster
+from qwen_devtools.devcluster import nodebuild
 from qwen_devtools.devcluster.nodecomponents import NODE_NAME
 from qwen_devtools.wait import wait_until
 
@@ -376,6 +377,83 @@ def test_gateway_pods_meet_restricted_engines_need_baseline(served: Served) -> N
     assert not any(name in warnings for name in gateways), warnings
     labels = served.kubectl_json("get", "namespace", serving.OPERATOR_NAMESPACE)["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+#: The engines' scrapers as serving.install_operator configures the chart: Prometheus pods of the dev
+#: cluster's monitoring namespace.
+SCRAPER_NAMESPACE = "qwen-monitoring"
+PROMETHEUS_LABELS = {"app.kubernetes.io/name": "prometheus"}
+
+
+def _probe_pod(served: Served, namespace: str, name: str, url: str) -> dict[str, Any]:
+    """GET ``url`` from a new pod (the pause image's /probe, restricted, Prometheus's labels) in
+    ``namespace``; its result: ``status`` when it connected, ``error`` when not (10 s timeout)."""
+    container = {
+        "name": "probe",
+        "image": nodebuild.pause_image().ref,
+        "imagePullPolicy": "Never",
+        "command": ["/probe"],
+        "args": ["-get", url],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": PROMETHEUS_LABELS},
+        "spec": {"containers": [container], "restartPolicy": "Never", "terminationGracePeriodSeconds": 1},
+    }
+    served.cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+
+    def finished() -> str | None:
+        phase = served.kubectl_json("-n", namespace, "get", "pod", name).get("status", {}).get("phase")
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    wait_until(finished, 120, f"probe pod {namespace}/{name} to finish", interval=1)
+    log = served.cluster.kubectl("-n", namespace, "logs", name).stdout
+    served.cluster.kubectl("-n", namespace, "delete", "pod", name, "--wait=false")
+    return dict(json.loads(next(line for line in log.splitlines() if line.startswith("{"))))
+
+
+def test_engines_are_reached_only_by_their_gateway_and_the_configured_scrapers(served: Served) -> None:
+    """The engine NetworkPolicy as the real node enforces it (kube-network-policies): a pod that carries
+    Prometheus's label outside the configured scrapers' namespace, in another namespace or the engines'
+    own, gets no connection to the engine port (vLLM's /invocations answers without the engine key);
+    a Prometheus pod of the configured namespace gets /metrics; the gateway serves a new chat."""
+    engine_ip = next(
+        pod["status"]["podIP"]
+        for pod in served.pods(ENGINE_SELECTOR)
+        if all(c["ready"] for c in pod["status"].get("containerStatuses") or [{"ready": False}])
+    )
+    created = served.cluster.kubectl("create", "namespace", SCRAPER_NAMESPACE, check=False).returncode == 0
+    served.cluster.kubectl("create", "namespace", "e2e-stranger", check=False)
+    probes = {
+        "scraper": (SCRAPER_NAMESPACE, f"http://{engine_ip}:8000/metrics"),
+        "stranger elsewhere": ("e2e-stranger", f"http://{engine_ip}:8000/invocations"),
+        "stranger beside the engines": (NAMESPACE, f"http://{engine_ip}:8000/invocations"),
+    }
+    try:
+        with ThreadPoolExecutor(len(probes)) as pool:
+            futures = {
+                who: pool.submit(_probe_pod, served, ns, f"probe-{i}", url)
+                for i, (who, (ns, url)) in enumerate(probes.items())
+            }
+            results = {who: future.result() for who, future in futures.items()}
+    finally:
+        served.cluster.kubectl("delete", "namespace", "e2e-stranger", "--wait=false", check=False)
+        if created:
+            served.cluster.kubectl("delete", "namespace", SCRAPER_NAMESPACE, "--wait=false", check=False)
+    print(f"[network policy] {json.dumps(results)}")
+    assert results["scraper"].get("status") == 200, results
+    for stranger in ("stranger elsewhere", "stranger beside the engines"):
+        # dropped, not refused: the connection never opens (a refusal or an HTTP status would mean it did)
+        assert "status" not in results[stranger] and "Timeout" in results[stranger]["error"], results
+    _chat_ok(served, "Which pods may call the engines?")
 
 
 # --- deployments of their own ------------------------------------------------------------------------

@@ -12,6 +12,17 @@ holds the simulated pods' fake addresses) unless it comes from loopback or the b
 the pods send from being forwarded off the bridge, and drops what would leave towards the pod range on
 another interface (a Service whose endpoint is a simulated pod). That last check is on postrouting:
 in the output hook the interface is still the one chosen before kube-proxy's DNAT.
+
+NetworkPolicy is enforced by kube-network-policies (``gobuild/netpol``), which decides each new
+connection to a pod of the node in userspace. Its first packet reaches it through netfilter queue
+``NFQUEUE_ID``: the chain ``QWEN-NETPOL`` of iptables-nft's ``filter`` table, jumped to first from
+``FORWARD``, queues every packet of a new connection to the node's subnet. Pod-to-pod packets on the
+bridge pass the forward hook too (``br_netfilter``, ``net.bridge.bridge-nf-call-iptables``), as do
+those kube-proxy sent from a Service to a pod; the node's own connections (kubelet's probes, processes
+on the host) do not pass it, as upstream lets root's traffic pass. Upstream queues with an nftables
+``queue`` statement, which these kernels lack (``CONFIG_NFT_QUEUE``); iptables-nft's ``NFQUEUE`` is the
+xtables target, which they have. Without a bypass flag: while nothing reads the queue, new connections
+to pods fail, so the chain is loaded only once the controller reads it (``policy_queue_bound``).
 """
 
 from __future__ import annotations
@@ -32,6 +43,10 @@ NODE_SUBNET = "10.244.0.0/24"
 SIMULATED_POD_CIDR = "10.244.128.0/17"
 NFT_TABLE = "qwen_devcluster"
 CNI_NETWORK = "qwen-devcluster"
+#: The netfilter queue kube-network-policies reads, and our chain of iptables-nft's filter table.
+NFQUEUE_ID = 100
+POLICY_CHAIN = "QWEN-NETPOL"
+_NFQUEUE_STATUS = Path("/proc/net/netfilter/nfnetlink_queue")
 #: Every CNI network of the node's pods: ours, and the loopback one containerd adds to each pod.
 CNI_NETWORKS = (CNI_NETWORK, "cni-loopback")
 _FORWARDING = Path(f"/proc/sys/net/ipv4/conf/{BRIDGE}/forwarding")
@@ -102,8 +117,55 @@ def _ports() -> list[str]:
     return [str(link["ifname"]) for link in json.loads(result.stdout)]
 
 
+def policy_queue_bound() -> bool:
+    """True when a process reads netfilter queue ``NFQUEUE_ID`` (the kernel lists bound queues first)."""
+    try:
+        lines = _NFQUEUE_STATUS.read_text().splitlines()
+    except FileNotFoundError:
+        return False
+    return any(line.split()[:1] == [str(NFQUEUE_ID)] for line in lines)
+
+
+def _iptables(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return _run("iptables-nft", "-w", "-t", "filter", *args, check=check)
+
+
+def enforce_policies() -> None:
+    """Queue the first packet of every new connection to the node's pods to kube-network-policies."""
+    _iptables("-N", POLICY_CHAIN)
+    _iptables(
+        "-A", POLICY_CHAIN, "-d", NODE_SUBNET, "-m", "conntrack", "--ctstate", "NEW",
+        "-m", "comment", "--comment", "qwen devcluster: NetworkPolicy by kube-network-policies",
+        "-j", "NFQUEUE", "--queue-num", str(NFQUEUE_ID),
+    )  # fmt: skip
+    _iptables("-I", "FORWARD", "1", "-j", POLICY_CHAIN)
+
+
+def policies_enforced() -> bool:
+    """True if our chain is loaded (a running real node, or one a killed run left)."""
+    return _iptables("-S", POLICY_CHAIN, check=False).returncode == 0
+
+
+def _stop_enforcing() -> None:
+    """Remove our chain and the jump to it; then the ``filter`` table itself if nothing else uses it."""
+    if shutil.which("iptables-nft") is None or not policies_enforced():
+        return
+    while _iptables("-D", "FORWARD", "-j", POLICY_CHAIN, check=False).returncode == 0:
+        pass
+    _iptables("-F", POLICY_CHAIN)
+    _iptables("-X", POLICY_CHAIN)
+    rules = _run("iptables-nft-save", "-t", "filter").stdout.splitlines()
+    if not any(line.startswith(("-A", ":")) and not _builtin_chain(line) for line in rules):
+        _run("nft", "delete", "table", "ip", "filter", check=False)
+
+
+def _builtin_chain(line: str) -> bool:
+    return line.split(" ", 1)[0] in (":INPUT", ":FORWARD", ":OUTPUT")
+
+
 def remove() -> None:
-    """Remove the veths on the bridge, the bridge and the nft table (idempotent)."""
+    """Remove the policy chain, the veths on the bridge, the bridge and the nft table (idempotent)."""
+    _stop_enforcing()
     for port in _ports():
         _run("ip", "link", "delete", port, check=False)
     if bridge_exists():

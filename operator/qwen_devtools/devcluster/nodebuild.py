@@ -7,6 +7,9 @@
 * coredns: from ``github.com/coredns/coredns`` at ``versions.COREDNS`` with only the plugins the node's
   Corefile uses (``gobuild/coredns``: a main package of ours, CoreDNS's way of choosing plugins), into
   ``<cache>/coredns-<version>-<key>/``, ``key`` being a hash of that module;
+* kube-network-policies: the NetworkPolicy controller of ``sigs.k8s.io/kube-network-policies`` (the
+  version ``gobuild/netpol/go.mod`` pins) in a main package of ours that gives it a kubeconfig, into
+  ``<cache>/netpol-<key>/``, ``key`` being a hash of that module;
 * the pause image (``images/pause``: the static ``pause`` and ``probe`` programs in a ``FROM scratch``
   image), built with podman and saved as a docker-archive ``<cache>/pause-<key>/pause.tar``, ``key``
   being a hash of its sources.
@@ -47,6 +50,10 @@ CONTAINERD_BINARIES = {
 CONTAINERD_TAGS = "no_devmapper,no_zfs"
 #: The module whose main package is CoreDNS with the Corefile's five plugins (go.mod pins versions.COREDNS).
 COREDNS_SOURCE = Path(__file__).resolve().parent / "gobuild" / "coredns"
+#: The module whose main package runs kube-network-policies' controller with a kubeconfig (network.py says
+#: how its packets are queued).
+NETPOL_SOURCE = Path(__file__).resolve().parent / "gobuild" / "netpol"
+NETPOL_BINARY = "kube-network-policies"
 PAUSE_SOURCE = REPO / "images" / "pause"
 PAUSE_PROGRAMS = ("pause", "probe")
 
@@ -88,6 +95,11 @@ def coredns_binary() -> Path:
     return cache_dir() / f"coredns-{COREDNS}-{_source_key(COREDNS_SOURCE)}" / "coredns"
 
 
+def netpol_binary() -> Path:
+    """Where kube-network-policies of the current ``gobuild/netpol`` lands."""
+    return cache_dir() / f"netpol-{_source_key(NETPOL_SOURCE)}" / NETPOL_BINARY
+
+
 def _pause_key() -> str:
     return _source_key(PAUSE_SOURCE)
 
@@ -104,6 +116,7 @@ def is_built() -> bool:
         (node_bin_dir() / "MANIFEST").is_file()
         and (containerd_dir() / "MANIFEST").is_file()
         and coredns_binary().is_file()
+        and netpol_binary().is_file()
         and pause_image().archive.is_file()
     )
 
@@ -116,6 +129,8 @@ def binary(name: str) -> Path:
         path = containerd_dir() / name
     elif name == "coredns":
         path = coredns_binary()
+    elif name == NETPOL_BINARY:
+        path = netpol_binary()
     else:
         raise ValueError(f"unknown real-node binary {name!r}")
     if not path.is_file():
@@ -197,25 +212,36 @@ def _compile_containerd(go: str, out: Path) -> None:
     log("containerd built", started)
 
 
-def _build_coredns(go: str) -> None:
-    out = coredns_binary()
+def _build_local_module(go: str, source: Path, out: Path, what: str) -> None:
+    """Build the main package of one of our modules under ``gobuild/`` into ``out`` (static, no DWARF)."""
     if out.is_file():
         return
     started = time.monotonic()
-    log(f"building CoreDNS {COREDNS} with the plugins of the node's Corefile (about 2 minutes)")
+    log(f"building {what} (about 2 minutes)")
     partial = out.with_name(out.name + ".tmp")
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         subprocess.run(
             [go, "build", "-trimpath", NO_DWARF, "-ldflags", "-s -w", "-o", str(partial), "."],
-            cwd=COREDNS_SOURCE,
+            cwd=source,
             check=True,
             env={**os.environ, "CGO_ENABLED": "0", "GOWORK": "off", "GOFLAGS": "-mod=readonly"},
         )
     except subprocess.CalledProcessError as error:
-        raise BuildError(f"building CoreDNS failed: {error} (output above)") from error
+        raise BuildError(f"building {what} failed: {error} (output above)") from error
     partial.rename(out)
-    log("CoreDNS built", started)
+    log(f"{what} built", started)
+
+
+def _build_coredns(go: str) -> None:
+    what = f"CoreDNS {COREDNS} with the plugins of the node's Corefile"
+    _build_local_module(go, COREDNS_SOURCE, coredns_binary(), what)
+
+
+def _build_netpol(go: str) -> None:
+    # After CoreDNS: its go.mod pins the same client-go and friends, whose compiled packages Go's build
+    # cache then holds, so this build compiles little more than the controller and its netlink libraries.
+    _build_local_module(go, NETPOL_SOURCE, netpol_binary(), "kube-network-policies")
 
 
 def _build_pause(go: str) -> None:
@@ -258,4 +284,5 @@ def build() -> None:
     _build_kubelet(go)
     _build_containerd(go)
     _build_coredns(go)
+    _build_netpol(go)
     _build_pause(go)

@@ -14,6 +14,8 @@ Why the settings that are not defaults (each one was needed, or checked, on thes
   and image GC thresholds that keep a dev machine's preloaded images.
 * kube-proxy: nftables (its ``--cleanup`` restores the ruleset exactly), bound to the node IP, conntrack
   values 0 so that it changes no host sysctl.
+* kube-network-policies: the node's name, the queue network.py fills, metrics on 127.0.0.1; the admin
+  kubeconfig, as CoreDNS (it reads pods, namespaces and NetworkPolicies everywhere, and posts Events).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from qwen_operator.api.catalog import GPU_PRODUCT_LABEL
 from ..cache import cache_dir
 from . import nodebuild
 from .components import POD_CIDR
-from .network import BRIDGE_ADDRESS, cni_config
+from .network import BRIDGE_ADDRESS, NFQUEUE_ID, cni_config
 from .procs import Probe
 
 NODE_NAME = "qwen-real-0"
@@ -44,6 +46,7 @@ PORT_NAMES = (
     "kube-proxy-metrics",
     "coredns-ready",
     "containerd-stream",
+    "netpol-metrics",
 )
 RUNC = "/usr/sbin/runc"
 CNI_BIN_DIR = "/usr/lib/cni"
@@ -75,7 +78,8 @@ class NodeLayout:
 
     dir: Path
     ports: dict[str, int]
-    #: The cluster's admin kubeconfig: CoreDNS's (it reads Services and EndpointSlices everywhere).
+    #: The cluster's admin kubeconfig: CoreDNS's (it reads Services and EndpointSlices everywhere) and
+    #: kube-network-policies'.
     kubeconfig: Path
     ca_file: Path
     pause_ref: str
@@ -297,7 +301,8 @@ def labels() -> dict[str, str]:
 
 
 def argv(component: str, layout: NodeLayout) -> list[str]:
-    """Command line of ``component`` (containerd, kubelet, kube-proxy, coredns), without namespace entry."""
+    """Command line of ``component`` (containerd, kubelet, kube-proxy, coredns, kube-network-policies),
+    without namespace entry."""
     if component == "containerd":
         return [str(nodebuild.binary("containerd")), "--config", str(layout.file("containerd.toml"))]
     if component == "kubelet":
@@ -317,12 +322,26 @@ def argv(component: str, layout: NodeLayout) -> list[str]:
         return [str(nodebuild.binary("kube-proxy")), f"--config={layout.file('kube-proxy.yaml')}"]
     if component == "coredns":
         return [str(nodebuild.binary("coredns")), "-conf", str(layout.file("Corefile"))]
+    if component == nodebuild.NETPOL_BINARY:
+        return [
+            str(nodebuild.binary(nodebuild.NETPOL_BINARY)),
+            f"--kubeconfig={layout.kubeconfig}",
+            f"--hostname-override={NODE_NAME}",
+            f"--nfqueue-id={NFQUEUE_ID}",
+            f"--metrics-bind-address={layout.local('netpol-metrics')}",
+        ]
     raise ValueError(f"unknown real-node component {component!r}")
 
 
 def probe(component: str, layout: NodeLayout) -> Probe:
-    """Health endpoint of kubelet, kube-proxy or CoreDNS (containerd reports readiness itself)."""
-    paths = {"kubelet": ("kubelet-healthz", "/healthz"), "kube-proxy": ("kube-proxy-healthz", "/healthz")}
+    """Health endpoint of kubelet, kube-proxy, CoreDNS or kube-network-policies (its metrics: it has no
+    health endpoint; whether it reads its queue is network.policy_queue_bound). containerd reports
+    readiness itself."""
+    paths = {
+        "kubelet": ("kubelet-healthz", "/healthz"),
+        "kube-proxy": ("kube-proxy-healthz", "/healthz"),
+        nodebuild.NETPOL_BINARY: ("netpol-metrics", "/metrics"),
+    }
     port, path = paths.get(component, ("coredns-ready", "/ready"))
     return Probe(f"http://{layout.local(port)}{path}")
 

@@ -1,5 +1,6 @@
 """The dev cluster's opt-in real node (``up --real-node``): a kubelet with containerd, runc and the CNI
-bridge, kube-proxy and CoreDNS beside the kwok pools, where pods really run. One per machine.
+bridge, kube-proxy, CoreDNS and kube-network-policies (NetworkPolicy enforced) beside the kwok pools,
+where pods really run. One per machine.
 
 The node registers as ``qwen-real-0`` (labels in ``nodecomponents.labels()``: ``qwenops.dev/real-node=true``,
 ``nvidia.com/gpu.product=QWEN-DEV-CPU``), with ``nvidia.com/gpu: 8`` patched into its capacity and
@@ -12,10 +13,12 @@ is touched; the node's keeper process (``keeper.py``) holds it while the node li
 
 Start order: the bridge and nft table (before the control plane, see cluster.up), the keeper, containerd
 (until its CRI answers), the pause image, kubelet, kube-proxy, CoreDNS with the ``kube-dns`` Service,
-then the Node Ready with its GPUs. Teardown order (what worked on these machines): pods deleted through
-the API, ``kube-proxy --cleanup``, kubelet stopped, the Node deleted, containerd's containers removed
-and containerd stopped, every mount under the node's directory unmounted, the kubepods cgroups removed;
-after the control plane: the bridge, its veths and the nft table. ``up`` runs the same cleanup first
+kube-network-policies (once it reads its queue, the chain that fills it: network.py), then the Node
+Ready with its GPUs. Teardown order (what worked on these machines): pods deleted through the API,
+``kube-proxy --cleanup``, CoreDNS and kube-network-policies stopped, kubelet stopped, the Node deleted,
+containerd's containers removed and containerd stopped, every mount under the node's directory
+unmounted, the kubepods cgroups removed; after the control plane: the policy chain, the bridge, its
+veths and the nft table. ``up`` runs the same cleanup first
 for whatever a killed run left. The image store (containerd's root in the cache) is kept.
 """
 
@@ -41,8 +44,12 @@ from .procs import ComponentError
 from .state import STATE_PREFIX, STATE_ROOT, State
 
 LOCK_FILE = Path("/run/qwen-devcluster-real-node.lock")
+#: The NetworkPolicy controller's component name (its binary's).
+NETPOL = nodebuild.NETPOL_BINARY
+#: The host processes started after containerd, in order.
+HOST_PROCESSES = ("kubelet", "kube-proxy", "coredns", NETPOL)
 #: Start order; teardown goes its own way (see the module docstring).
-COMPONENTS = ("keeper", "containerd", "kubelet", "kube-proxy", "coredns")
+COMPONENTS = ("keeper", "containerd", "kubelet", "kube-proxy", "coredns", NETPOL)
 GPUS = "8"
 RESOURCE = GPU_RESOURCE
 START_TIMEOUT = 60.0
@@ -97,6 +104,7 @@ HOST_TOOLS = (
     nodecomponents.RUNC,
     *(f"{nodecomponents.CNI_BIN_DIR}/{plugin}" for plugin in ("bridge", "host-local", "loopback")),
     "/usr/sbin/nft",
+    "/usr/sbin/iptables-nft",
     "/usr/sbin/ip",
     "/usr/bin/unshare",
     "/usr/bin/nsenter",
@@ -162,11 +170,12 @@ def start(state: State, lock_fd: int, core: client.CoreV1Api) -> None:
     pause = nodebuild.pause_image()
     load_image(state.name, pause.archive, pause.ref)
     log(f"containerd ready, pause image in its store ({time.monotonic() - started:.1f}s)")
-    for component in ("kubelet", "kube-proxy", "coredns"):
+    for component in HOST_PROCESSES:
         _start_node_process(state, node, component)
     _create_kube_dns(core)
-    for component in ("kubelet", "kube-proxy", "coredns"):
+    for component in HOST_PROCESSES:
         _wait_healthy(state, node, component)
+    _enforce_network_policies(state)
     _wait_node(state, core)
     log(f"real node {NODE_NAME} Ready with {RESOURCE}={GPUS} ({time.monotonic() - started:.1f}s)")
 
@@ -237,6 +246,21 @@ def _wait_healthy(state: State, node: NodeLayout, component: str) -> None:
     pid, executable = state.pids[component], state.executables[component]
     probe = nodecomponents.probe(component, node)
     procs.wait_healthy(component, pid, executable, probe, state.log_file(component), START_TIMEOUT)
+
+
+def _enforce_network_policies(state: State) -> None:
+    """Once kube-network-policies reads its queue (its informers synced), queue new pod connections to it."""
+
+    def reading() -> bool:
+        if not state.running(NETPOL):
+            raise ComponentError(NETPOL, "exited during start-up", state.log_file(NETPOL))
+        return network.policy_queue_bound()
+
+    try:
+        wait_until(reading, START_TIMEOUT, f"{NETPOL} to read netfilter queue {network.NFQUEUE_ID}")
+    except Timeout:
+        raise ComponentError(NETPOL, "never read its queue", state.log_file(NETPOL)) from None
+    network.enforce_policies()
 
 
 def _create_kube_dns(core: client.CoreV1Api) -> None:
@@ -336,6 +360,7 @@ def stop(state: State, core: client.CoreV1Api | None, timeout: float) -> None:
     _stop(state, "kube-proxy", timeout)
     _kube_proxy_cleanup(node)
     _stop(state, "coredns", timeout)
+    _stop(state, NETPOL, timeout)
     _stop(state, "kubelet", timeout)
     if core is not None:
         with contextlib.suppress(client.ApiException):
@@ -411,7 +436,8 @@ def _clean_host(node: NodeLayout | None, keeper: int | None) -> None:
 
 
 def release(state: State | None, timeout: float) -> None:
-    """After the control plane stopped: remove the bridge, veths and nft table, then let the keeper (and
+    """After the control plane stopped: remove the policy chain, the bridge, veths and nft table, then let
+    the keeper (and
     with it the machine's real-node lock) go."""
     network.remove()
     if state is not None:

@@ -4,14 +4,16 @@ exactly as the operator renders it (start_gateway_stack: nginx, vllm-router, bot
 Raw sockets send what no well-behaved client would: malformed JSON, bodies over the limit, headers a
 byte at a time, header injection and request smuggling, unknown and encoded routes, odd API keys, and
 API-key Secret entries that try to inject nginx configuration. Every answer is a client error with the
-right status (nothing reaches the engine that should not), nginx's and vllm-router's resident memory
-stays bounded, and the engine serves a normal request afterwards. The tests share one engine and one
-gateway, in file order; the last one checks memory and the engine.
+right status and an OpenAI-style JSON body, never nginx's HTML pages or vllm-router's plain text (nothing
+reaches the engine that should not); the engine's own JSON errors pass unchanged; nginx's and
+vllm-router's resident memory stays bounded, and the engine serves a normal request afterwards. The
+tests share one engine and one gateway, in file order; the last one checks memory and the engine.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import re
 import shutil
@@ -129,7 +131,12 @@ class Answer:
 
 def exchange(stack: GatewayStack, data: bytes, timeout: float = 30) -> Answer:
     """Send raw bytes to the gateway's client port and read the answer until nginx closes."""
-    with socket.create_connection((LOOPBACK, stack.wiring.http_port), timeout=timeout) as sock:
+    return exchange_with(stack.wiring.http_port, data, timeout)
+
+
+def exchange_with(port: int, data: bytes, timeout: float = 30) -> Answer:
+    """Send raw bytes to a loopback port and read the answer until the server closes."""
+    with socket.create_connection((LOOPBACK, port), timeout=timeout) as sock:
         # nginx may answer and close before reading everything (an oversized request)
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             sock.sendall(data)
@@ -143,6 +150,16 @@ def exchange(stack: GatewayStack, data: bytes, timeout: float = 30) -> Answer:
     match = re.match(rb"HTTP/1\.[01] (\d{3}) ", head)
     assert match, f"no HTTP answer: {received[:200]!r}"
     return Answer(int(match.group(1)), head.decode("latin-1"), body)
+
+
+def assert_openai_error(answer: Answer, status: int, code: str) -> None:
+    """`answer` is an OpenAI-style JSON error with this status and code, declared as JSON."""
+    assert answer.status == status, (answer.status, answer.body[:200])
+    content_type = re.search(r"(?im)^content-type: *([^;\r]*)", answer.head)
+    assert content_type and content_type.group(1) == "application/json", answer.head
+    error = json.loads(answer.body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert error["code"] == code and error["message"] and error["type"], error
 
 
 def request(
@@ -183,33 +200,78 @@ def _bytes(size: str) -> int:
 
 # --- malformed JSON ------------------------------------------------------------------------------------
 
-#: Bodies of a chat completion request, and what vllm-router answers (nginx passes them on).
+#: Bodies of a chat completion request, and what the gateway answers for vllm-router, which parses the
+#: body (its plain text becomes JSON in nginx): syntax errors 400, JSON of the wrong shape 422.
 MALFORMED = {
-    "not-json": (b"{not json", 400),
-    "truncated": (b'{"model":', 400),
-    "empty": (b"", 400),
-    "binary": (bytes(range(256)), 400),
-    "invalid-utf8": (b'{"model":"m","messages":[{"role":"user","content":"\xff\xfe"}]}', 400),
-    "number-out-of-range": (b'{"model":"m","messages":[],"max_tokens":1e999}', 400),
-    "array": (b"[]", 422),
-    "null": (b"null", 422),
-    "wrong-type": (b'{"model":"m","messages":"hello"}', 422),
-    "nested-100k-deep": (b"[" * 100_000 + b"]" * 100_000, 422),
+    "not-json": (b"{not json", 400, "invalid_json"),
+    "truncated": (b'{"model":', 400, "invalid_json"),
+    "empty": (b"", 400, "invalid_json"),
+    "binary": (bytes(range(256)), 400, "invalid_json"),
+    "invalid-utf8": (b'{"model":"m","messages":[{"role":"user","content":"\xff\xfe"}]}', 400, "invalid_json"),
+    "number-out-of-range": (b'{"model":"m","messages":[],"max_tokens":1e999}', 400, "invalid_json"),
+    "array": (b"[]", 422, "invalid_request_body"),
+    "null": (b"null", 422, "invalid_request_body"),
+    "wrong-type": (b'{"model":"m","messages":"hello"}', 422, "invalid_request_body"),
+    "nested-100k-deep": (b"[" * 100_000 + b"]" * 100_000, 422, "invalid_request_body"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_malformed_json_is_a_client_error(fuzzed: Fuzzed, case: str) -> None:
-    body, status = MALFORMED[case]
+    body, status, code = MALFORMED[case]
     answer = exchange(fuzzed.stack, request("POST", "/v1/chat/completions", body))
-    assert answer.status == status, (answer.status, answer.body[:200])
+    assert_openai_error(answer, status, code)
 
 
 def test_a_body_that_is_not_json_by_content_type_is_refused(fuzzed: Fuzzed) -> None:
     answer = exchange(
         fuzzed.stack, request("POST", "/v1/chat/completions", b"{", {"Content-Type": "text/plain"})
     )
-    assert answer.status == 415
+    assert_openai_error(answer, 415, "unsupported_media_type")
+
+
+def test_a_route_asked_with_another_method_gets_405_naming_the_allowed_one(fuzzed: Fuzzed) -> None:
+    """vllm-router answers these with an empty body; TRACE nginx refuses itself."""
+    for method, path, allowed in (("GET", "/v1/chat/completions", "POST"), ("DELETE", "/v1/models", "GET")):
+        answer = exchange(fuzzed.stack, request(method, path))
+        assert_openai_error(answer, 405, "method_not_allowed")
+        assert re.search(rf"(?im)^allow: .*{allowed}", answer.head), answer.head
+    assert_openai_error(exchange(fuzzed.stack, request("TRACE", "/v1/models")), 405, "method_not_allowed")
+
+
+#: A request the engine itself refuses: more tokens than its context (1024) holds.
+TOO_LONG = {"model": SERVED_MODEL, "prompt": "Hello", "max_tokens": 100_000}
+
+
+def test_the_engines_own_json_error_passes_unchanged(fuzzed: Fuzzed) -> None:
+    """nginx intercepts 400 for the router's plain text; the engine's own error must still reach the
+    client exactly as the engine wrote it (status, message, its own type and param)."""
+    payload = json.dumps(TOO_LONG).encode()
+    answer = exchange(fuzzed.stack, request("POST", "/v1/completions", payload))
+    direct = exchange_with(
+        fuzzed.engine.port,
+        request("POST", "/v1/completions", payload, {"Authorization": f"Bearer {ENGINE_KEY}"}),
+    )
+    assert direct.status == 400 and answer.status == 400, (direct.body[:200], answer.body[:200])
+    assert json.loads(answer.body) == json.loads(direct.body)
+    assert "max_model_len" in json.loads(answer.body)["error"]["message"]
+
+
+def test_errors_keep_the_connection_open(fuzzed: Fuzzed) -> None:
+    """Errors answered by nginx's error pages and by the engine (asked again) leave a keepalive
+    connection usable: the next request on it is served."""
+    conn = http.client.HTTPConnection(LOOPBACK, fuzzed.stack.wiring.http_port, timeout=60)
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    try:
+        for body, status in ((b"{not json", 400), (json.dumps(TOO_LONG).encode(), 400), (b"[]", 422)):
+            conn.request("POST", "/v1/completions", body, headers)
+            response = conn.getresponse()
+            assert response.status == status and "error" in json.loads(response.read())
+            conn.request("GET", "/v1/models", headers=headers)
+            with conn.getresponse() as models_response:
+                assert models_response.status == 200 and models_response.read()
+    finally:
+        conn.close()
 
 
 # --- bodies over the limit -----------------------------------------------------------------------------
@@ -219,7 +281,7 @@ def test_a_declared_body_over_the_limit_gets_413_before_it_is_sent(fuzzed: Fuzze
     too_big = _bytes(MAX_BODY) + 1
     head = request("POST", "/v1/completions", headers={"Content-Length": str(too_big)})
     answer = exchange(fuzzed.stack, head + b"x" * 4096)  # the rest of the body is never sent
-    assert answer.status == 413
+    assert_openai_error(answer, 413, "request_too_large")
 
 
 def test_a_chunked_body_over_the_limit_gets_413(fuzzed: Fuzzed) -> None:
@@ -228,14 +290,16 @@ def test_a_chunked_body_over_the_limit_gets_413(fuzzed: Fuzzed) -> None:
     head = request(
         "POST", "/v1/completions", headers={"Content-Length": None, "Transfer-Encoding": "chunked"}
     )
-    assert exchange(fuzzed.stack, head + chunks + b"0\r\n\r\n", timeout=60).status == 413
+    assert_openai_error(
+        exchange(fuzzed.stack, head + chunks + b"0\r\n\r\n", timeout=60), 413, "request_too_large"
+    )
 
 
 def test_a_large_body_under_the_limit_reaches_the_router(fuzzed: Fuzzed) -> None:
     """2 MiB (past nginx's 1 MiB in-memory buffer, into its temp file): the router parses it."""
     body = b'{"model":"m","prompt":"' + b"a" * (2 * MIB)  # unterminated: the router says 400
     answer = exchange(fuzzed.stack, request("POST", "/v1/completions", body), timeout=60)
-    assert answer.status == 400 and b"parse" in answer.body
+    assert_openai_error(answer, 400, "invalid_json")
 
 
 # --- slow clients --------------------------------------------------------------------------------------
@@ -296,38 +360,48 @@ def with_lines(lines: bytes) -> bytes:
     return request("GET", "/v1/models", raw_lines=lines)
 
 
-#: A request with one defect -> the status nginx answers (neither the router nor the engine sees it).
+#: A request with one defect -> the status and code nginx answers (neither the router nor the engine sees
+#: it). Never a 5xx: HTTP/9.9 and an unknown transfer coding (RFC 9110 and 9112 suggest 505 and 501) are
+#: the client's mistakes; nginx's 494 (header too large) goes out as 431, the status RFC 6585 gives it.
 BAD_HEADERS = {
-    "CR in a value": (with_lines(b"X-Note: a\rInjected: b\r\n"), 400),
-    "NUL in a value": (with_lines(b"X-Note: a\x00b\r\n"), 400),
-    "space in a name": (with_lines(b"X Note: 1\r\n"), 400),
-    "duplicate Authorization": (with_lines(f"Authorization: Bearer {KEY}\r\n".encode()), 400),
-    "CR in Host": (request("GET", "/v1/models", headers={"Host": "a\rb"}), 400),
-    "no Host": (request("GET", "/v1/models", headers={"Host": None}), 400),
+    "CR in a value": (with_lines(b"X-Note: a\rInjected: b\r\n"), 400, "bad_request"),
+    "NUL in a value": (with_lines(b"X-Note: a\x00b\r\n"), 400, "bad_request"),
+    "space in a name": (with_lines(b"X Note: 1\r\n"), 400, "bad_request"),
+    "duplicate Authorization": (with_lines(f"Authorization: Bearer {KEY}\r\n".encode()), 400, "bad_request"),
+    "CR in Host": (request("GET", "/v1/models", headers={"Host": "a\rb"}), 400, "bad_request"),
+    "no Host": (request("GET", "/v1/models", headers={"Host": None}), 400, "bad_request"),
     "Content-Length and Transfer-Encoding": (
         request("POST", "/v1/completions", b"0\r\n\r\n", {"Transfer-Encoding": "chunked"}),
         400,
+        "bad_request",
     ),
     "two Content-Lengths": (
         request("POST", "/v1/completions", b"{}", raw_lines=b"Content-Length: 2\r\n"),
         400,
+        "bad_request",
     ),
-    "a 16 KiB header": (with_lines(b"X-Big: " + b"a" * 16384 + b"\r\n"), 400),
-    "48 KiB of headers": (with_lines(b"".join(b"X-%d: %s\r\n" % (i, b"a" * 4000) for i in range(12))), 400),
-    "a 20 KiB URI": (request("GET", "/v1/models?q=" + "a" * 20480), 414),
-    "an HTTP/2 preface": (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400),
-    "control bytes": (bytes(range(1, 32)) + b"\r\n\r\n", 400),
-    "HTTP/9.9": (b"GET /v1/models HTTP/9.9\r\nHost: gateway\r\n\r\n", 505),  # RFC 9110's answer
+    "an unknown transfer coding": (
+        request("POST", "/v1/completions", b"{}", {"Transfer-Encoding": "gzip", "Content-Length": None}),
+        400,
+        "unsupported_transfer_encoding",
+    ),
+    "a 16 KiB header": (with_lines(b"X-Big: " + b"a" * 16384 + b"\r\n"), 431, "request_header_too_large"),
+    "48 KiB of headers": (
+        with_lines(b"".join(b"X-%d: %s\r\n" % (i, b"a" * 4000) for i in range(12))),
+        431,
+        "request_header_too_large",
+    ),
+    "a 20 KiB URI": (request("GET", "/v1/models?q=" + "a" * 20480), 414, "uri_too_long"),
+    "an HTTP/2 preface": (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400, "bad_request"),
+    "control bytes": (bytes(range(1, 32)) + b"\r\n\r\n", 400, "bad_request"),
+    "HTTP/9.9": (b"GET /v1/models HTTP/9.9\r\nHost: gateway\r\n\r\n", 400, "unsupported_http_version"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_HEADERS))
 def test_malformed_headers_are_refused(fuzzed: Fuzzed, case: str) -> None:
-    data, status = BAD_HEADERS[case]
-    answer = exchange(fuzzed.stack, data)
-    assert answer.status == status, (answer.status, answer.body[:200])
-    if "KiB of headers" in case or "KiB header" in case:
-        assert b"Request Header Or Cookie Too Large" in answer.body  # nginx's 494, sent as 400
+    data, status, code = BAD_HEADERS[case]
+    assert_openai_error(exchange(fuzzed.stack, data), status, code)
 
 
 def test_the_client_cannot_set_the_request_id(fuzzed: Fuzzed) -> None:
@@ -350,20 +424,19 @@ UNKNOWN_ROUTES = [
     "/v1/models/",
     "/v1/embeddings",
     "/metrics",
+    "/errors/400",  # nginx.conf's own error pages are internal
 ]
 
 
 @pytest.mark.parametrize("path", UNKNOWN_ROUTES)
 def test_unknown_and_encoded_routes_get_404(fuzzed: Fuzzed, path: str) -> None:
     for method in ("GET", "POST"):
-        answer = exchange(fuzzed.stack, request(method, path, b"{}"))
-        assert answer.status == 404, (method, path, answer.status)
-        assert json.loads(answer.body)["error"]["code"] == "unknown_url"
+        assert_openai_error(exchange(fuzzed.stack, request(method, path, b"{}")), 404, "unknown_url")
 
 
 @pytest.mark.parametrize("path", ["/%2e%2e/%2e%2e/etc/passwd", "/v1/models%00", "*"])
 def test_paths_nginx_cannot_normalize_get_400(fuzzed: Fuzzed, path: str) -> None:
-    assert exchange(fuzzed.stack, request("GET", path)).status == 400
+    assert_openai_error(exchange(fuzzed.stack, request("GET", path)), 400, "bad_request")
 
 
 # --- odd API keys --------------------------------------------------------------------------------------
@@ -387,9 +460,7 @@ ODD_AUTHORIZATION = [
 
 @pytest.mark.parametrize("authorization", ODD_AUTHORIZATION)
 def test_odd_keys_get_401_never_a_server_error(fuzzed: Fuzzed, authorization: str) -> None:
-    answer = models(fuzzed.stack, authorization)
-    assert answer.status == 401, answer.body[:200]
-    assert json.loads(answer.body)["error"]["code"] == "invalid_api_key"
+    assert_openai_error(models(fuzzed.stack, authorization), 401, "invalid_api_key")
 
 
 def test_secret_entries_cannot_inject_nginx_configuration(fuzzed: Fuzzed) -> None:

@@ -34,12 +34,13 @@ from qwen_devtools.realparts.engine import (
     spawn_engine,
     test_engine_args,
 )
-from qwen_devtools.realparts.gateway import GatewayStack, loopback_wiring, start_gateway_stack
+from qwen_devtools.realparts.gateway import GatewayStack, loopback_wiring, start_gateway, start_gateway_stack
 from qwen_devtools.realparts.paced_sse import start_paced_sse_source
 from qwen_devtools.vllm_env import vllm_router_bin
 from qwen_devtools.wait import wait_until
 from qwen_operator import gateway
 from qwen_operator.api.review import Review, review
+from qwen_operator.gateway import Limits
 from support import REPO
 
 pytestmark = pytest.mark.engine
@@ -341,6 +342,81 @@ def test_per_key_rate_limit_answers_429_with_retry_after(live: Live) -> None:
     assert 429 in statuses[4:]
     # Keys are limited separately.
     assert _post(live.strict, "/v1/completions", _completion(max_tokens=1), key_id="load-11").ok
+
+
+#: A key limit high enough to measure in seconds: per pod 3000 per minute (50/s) and 10 at once.
+TWO_POD_RATE_LIMIT = {"requestsPerMinute": 6000, "burst": 19}
+#: How long each client sends back to back.
+TWO_POD_SECONDS = 4.0
+
+
+@dataclass
+class Sent:
+    admitted: int = 0
+    refused: int = 0
+    seconds: float = 0.0
+    refusal: requests.Response | None = None
+
+
+def _send_back_to_back(stack: GatewayStack, key_id: str, seconds: float) -> Sent:
+    """One client on one keepalive connection, each request right after the previous answer."""
+    sent, session = Sent(), requests.Session()
+    session.trust_env = False
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        response = session.post(f"{stack.url}/v1/completions", json=_completion(), headers=_auth(key_id))
+        response.content  # noqa: B018  (read to the end: the connection is reused)
+        if response.status_code == 429:
+            sent.refused += 1
+            sent.refusal = response
+        else:
+            assert response.status_code == 200, response.text[:200]
+            sent.admitted += 1
+    sent.seconds = time.monotonic() - start
+    session.close()
+    return sent
+
+
+def test_two_gateway_pods_each_admit_their_share_of_a_key() -> None:
+    """The per-key limit with spec.gateway.replicas 2, two gateway stacks as rendered (one per pod) in
+    front of one fake engine. nginx's limit_req is per pod: a client on one keepalive connection gets
+    that pod's share (within 10 %) and a 429 that says so; clients on both pods together get no more
+    than the key's whole limit. Counting admitted requests is deterministic, whatever the machine's pace:
+    limit_req admits burst + 1 at once, then one per 1/rate s."""
+    rev = review(
+        cpu_qwendeployment(gateway={"apiKeysSecret": "k", "replicas": 2, "rateLimit": TWO_POD_RATE_LIMIT})
+    )
+    pod = Limits.of(rev)
+    key_rpm, key_burst = TWO_POD_RATE_LIMIT["requestsPerMinute"], TWO_POD_RATE_LIMIT["burst"]
+    with (
+        start_paced_sse_source(count=1, interval=0) as engine,
+        start_gateway(rev, [engine.url], KEYS) as pod_a,
+        start_gateway(rev, [engine.url], KEYS) as pod_b,
+    ):
+        one = _send_back_to_back(pod_a, "team-a", TWO_POD_SECONDS)
+        share = pod.burst + 1 + pod.rate_per_minute / 60 * one.seconds
+        assert abs(one.admitted - share) <= 0.1 * share, (one, share)
+        assert one.refusal is not None and one.refusal.headers["retry-after"] == str(pod.retry_after)
+        assert _error_code(one.refusal) == "rate_limit_exceeded"
+        message = one.refusal.json()["error"]["message"]
+        assert f"admits {pod.rate_per_minute} requests per minute of the key limit of {key_rpm}" in message
+        assert "split across 2 gateway pods" in message
+        # Another key, so the first measurement's bucket does not count: one client on each pod at once.
+        with ThreadPoolExecutor(2) as pool:
+            both = list(
+                pool.map(lambda stack: _send_back_to_back(stack, "team-b", TWO_POD_SECONDS), [pod_a, pod_b])
+            )
+    together = sum(s.admitted for s in both)
+    whole = key_burst + 1 + key_rpm / 60 * max(s.seconds for s in both)
+    print(
+        f"\n[two pods] one client, one pod: {one.admitted} admitted ({one.refused} refused) in"
+        f" {one.seconds:.2f} s,"
+        f" the pod's share {share:.0f} ({one.admitted / share:.3f}x);"
+        f" one client per pod: {together} admitted together, the key's whole limit {whole:.0f}"
+        f" ({together / whole:.3f}x)"
+    )
+    assert together <= whole
+    assert together >= 0.9 * whole  # both pods admitted their share: the test measured something
 
 
 def test_overload_is_shed_at_once_not_queued_forever(live: Live) -> None:

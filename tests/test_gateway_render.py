@@ -257,15 +257,15 @@ def test_limits_are_shared_out_across_replicas() -> None:
         queueTimeoutSeconds=7,
     )
     limits = Limits.of(rev)
-    assert (limits.rate_per_minute, limits.burst) == (34, 4)
+    assert (limits.rate_per_minute, limits.burst) == (33, 2)  # rounded down: 3 x 33 <= 100, 3 x 3 <= 11
     assert (limits.max_concurrent, limits.queue_size, limits.in_flight) == (30, 10, 40)
-    assert limits.retry_after == 2  # 60 s / 34 per minute, rounded up
+    assert limits.retry_after == 2  # 60 s / 33 per minute, rounded up
     args = router_args(rev)
     assert args[args.index("--max-concurrent-requests") + 1] == "30"
     assert args[args.index("--queue-size") + 1] == "10"
     assert args[args.index("--queue-timeout-secs") + 1] == "7"
     conf = gateway.nginx_conf(rev)
-    assert "rate=34r/m" in conf and "burst=4 nodelay" in conf and "limit_conn in_flight 40;" in conf
+    assert "rate=33r/m" in conf and "burst=2 nodelay" in conf and "limit_conn in_flight 40;" in conf
 
 
 def test_timeouts_follow_the_spec() -> None:

@@ -106,8 +106,43 @@ def test_rate_limits_and_the_gateway_queue_are_still_split_per_pod() -> None:
         gateway={"replicas": 3, "rateLimit": {"requestsPerMinute": 100, "burst": 10}, "queueSize": 30},
     )
     limits = Limits.of(rev)
-    assert (limits.rate_per_minute, limits.burst, limits.queue_size) == (34, 4, 10)
+    # 100 // 3 per minute; 11 at once (the burst above one at the rate) // 3 = 3, so nginx's burst is 2
+    assert (limits.rate_per_minute, limits.burst, limits.queue_size) == (33, 2, 10)
     assert limits.in_flight == limits.max_concurrent + 10
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3, 5])
+@pytest.mark.parametrize(("rpm", "burst"), [(600, 50), (100, 10), (7, 0), (61, 3)])
+def test_the_gateway_pods_together_admit_no_more_than_the_key_limit(
+    replicas: int, rpm: int, burst: int
+) -> None:
+    """Each pod's share is rounded down: the pods together admit at most the key's rate, and at once at
+    most what one pod enforcing the whole limit would (nginx admits burst + 1 at once)."""
+    limits = Limits.of(
+        reviewed(
+            A100, gateway={"replicas": replicas, "rateLimit": {"requestsPerMinute": rpm, "burst": burst}}
+        )
+    )
+    assert replicas * limits.rate_per_minute <= rpm
+    assert limits.rate_per_minute >= rpm // replicas
+    assert replicas * (limits.burst + 1) <= max(burst + 1, replicas)  # at least one at once per pod
+
+
+def test_the_429_says_what_this_pod_admits_of_the_key_limit() -> None:
+    two = Limits.of(
+        reviewed(A100, gateway={"replicas": 2, "rateLimit": {"requestsPerMinute": 600, "burst": 50}})
+    )
+    assert two.rate_limited_message() == (
+        "Rate limit reached for this API key: this gateway pod admits 300 requests per minute of the key "
+        "limit of 600 (600 split across 2 gateway pods); retry after 1 s."
+    )
+    one = Limits.of(
+        reviewed(A100, gateway={"replicas": 1, "rateLimit": {"requestsPerMinute": 30, "burst": 3}})
+    )
+    assert (
+        one.rate_limited_message()
+        == "Rate limit reached for this API key (30 requests per minute); retry after 2 s."
+    )
 
 
 def test_zero_fixed_replicas_still_pass_one_request() -> None:

@@ -9,6 +9,7 @@ import jinja2
 
 from .. import names
 from ..api.review import Review
+from .errors import ROUTER_BODY_ERRORS, UNKNOWN_URL, UNSUPPORTED_MEDIA_TYPE, GatewayError, nginx_errors
 from .limits import Limits
 from .wiring import POD, Wiring
 
@@ -17,6 +18,8 @@ OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
 #: Tag of the access-log lines sent to the log exporter over loopback syslog.
 SYSLOG_TAG = "qwen_gateway"
 MAX_BODY = "16m"
+#: MAX_BODY for people, in the 413 error.
+MAX_BODY_TEXT = "16 MiB"
 BODY_BUFFER = "1m"
 RELOAD_INTERVAL_SECONDS = 5
 #: Buckets of conversation names (nginx split_clients, in steps of 0.1%): enough that engines get even
@@ -50,7 +53,9 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
         "drain": review.plan.gateway_drain_seconds,
         "connect_timeout": g.connect_timeout_seconds,
         "rate_per_minute": limits.rate_per_minute,
-        "spec_rate_per_minute": g.rate_limit.requests_per_minute,
+        "rate_limited": GatewayError(
+            429, 429, "rate_limit_exceeded", limits.rate_limited_message(), type="requests"
+        ),
         "burst": limits.burst,
         "retry_after": limits.retry_after,
         "in_flight": limits.in_flight,
@@ -61,6 +66,11 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
         "reload_interval": RELOAD_INTERVAL_SECONDS,
         "session_buckets": SESSION_BUCKETS,
         "session_bucket_percent": f"{100 / SESSION_BUCKETS:g}",
+        "nginx_errors": nginx_errors(MAX_BODY_TEXT),
+        "errors": {
+            e.code: e
+            for e in (*nginx_errors(MAX_BODY_TEXT), *ROUTER_BODY_ERRORS, UNSUPPORTED_MEDIA_TYPE, UNKNOWN_URL)
+        },
     }
 
 

@@ -55,8 +55,12 @@ func main() {
 		networkpolicy.Config{
 			QueueID:  *queueID,
 			NodeName: *nodeName,
-			// Pod addresses from the API: the node's containerd runs without NRI.
-			NRIdisabled: true,
+			// NRI stays on, as upstream's default, though the node's containerd runs without it (the
+			// plugin's connection fails, logged, and pod addresses come from the API only): with NRI
+			// disabled, v0.8.0 dereferences the absent plugin for any address the API has not reported
+			// yet (a pod's first packets) and crashes, and with no reader on the queue every new
+			// connection to the node's pods is dropped.
+			NRIdisabled: false,
 			// Kernels from 6.12 have the conntrack fix; the workaround needs the nftables queue too.
 			NetfilterBug1766Fix: false,
 		},

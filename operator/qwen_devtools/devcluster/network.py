@@ -74,8 +74,12 @@ class NetworkError(RuntimeError):
     """The bridge or the nft table could not be set up."""
 
 
+def _find(name: str) -> str | None:
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+
+
 def _tool(name: str) -> str:
-    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+    path = _find(name)
     if path is None:
         raise NetworkError(f"{name} is missing; run: bash tools/system-packages.sh")
     return path
@@ -148,7 +152,7 @@ def policies_enforced() -> bool:
 
 def _stop_enforcing() -> None:
     """Remove our chain and the jump to it; then the ``filter`` table itself if nothing else uses it."""
-    if shutil.which("iptables-nft") is None or not policies_enforced():
+    if _find("iptables-nft") is None or not policies_enforced():
         return
     while _iptables("-D", "FORWARD", "-j", POLICY_CHAIN, check=False).returncode == 0:
         pass

@@ -4,10 +4,13 @@ the project's shared data file with the quoted log lines).
 Every point the catalog can express is planned with its own GPU memory (a Custom GPU of the logged or
 stated total), utilization, TP/PP and limits; the table printed (pytest -s) shows planned against logged
 KV GiB per GPU and KV tokens per replica. "Comparable" points (V1 engine, vLLM 0.19 or newer, KV logged,
-GPU memory known) must be within +-10%. Older points stay in the table with what their version's
-accounting does differently; the "adjusted" column adds back the terms that version did not take out
-of the budget, so the rest of the model can still be judged on them. Expected figures are the logs'
-own; nothing here is computed by running the planner ahead of time.
+GPU memory known) must be within -10%..+3% of the log (above it, the plan promises requests vLLM then
+refuses), or, where the point's own figures contradict vLLM's source, the test checks that
+contradiction instead (CONTRADICTIONS says which and why; nothing is fitted to them). Older points
+stay in the table with what their version's accounting does differently; the "adjusted" column adds
+back the terms that version did not take out of the budget, so the rest of the model can still be
+judged on them. Expected figures are the logs' own; nothing here is computed by running the planner
+ahead of time.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ VOCAB = 151_936
 #: The sort-based top-k/top-p sampler of older vLLM (before the Triton kernel): measured 38.09 bytes
 #: per row per vocabulary entry instead of 14.07 (tools/measure/activation_peak.out.txt).
 SORT_SAMPLER_BYTES_PER_LOGIT = 38.09
+#: The rule on comparable points: planned KV per GPU within this band around the logged one.
+BELOW, ABOVE = -0.10, 0.03
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,53 @@ NOT_EXPRESSIBLE = {
     "2080TI-AWQ-TP4": "utilization 0.99 (above the CRD's 0.98) and maxModelLen 212,992 (YaRN 6.5)",
 }
 
+SETUPS.update(
+    {
+        # vLLM 0.27.1 on RTX PRO 6000 Blackwell (95.01 GiB, >= 70 GiB and not A100: 8192 batched tokens
+        # and 1024 sequences by default, engine/arg_utils.py get_batch_defaults).
+        pid: Setup("Qwen/Qwen3-32B", "12.0", 32768, 8192, 1024)
+        for pid in ("BLOG-TP2-PRO6000", "BLOG-PP2-PRO6000")
+    }
+)
+SETUPS["BLOG-TP1-PRO6000-REFUSED"] = Setup(
+    "Qwen/Qwen3-32B",
+    "12.0",
+    32768,
+    8192,
+    1024,
+    accounting="vLLM refused to start; planned is the plan's budget before clamping (it refuses too)",
+)
+SETUPS.update(
+    {
+        pid: Setup(
+            "Qwen/Qwen3-32B",
+            "9.0",
+            16000,
+            8192,
+            1024,
+            accounting="0.11: CUDA graphs outside the budget; sort-based sampler over 1024 rows (the logged "
+            "activation, 5.64 GiB at TP 1 and 2, is that sampler: 5.52 GiB measured + hidden states)",
+            cuda_graphs_outside_budget=True,
+            sort_sampler=True,
+        )
+        for pid in ("LLMD-0.11-TP1-H100", "LLMD-0.11-TP2-H100")
+    }
+)
+
+#: Comparable points whose own figures contradict vLLM's source, so that no source-derived plan can
+#: reach them; each is checked by check_contradiction, never fitted.
+CONTRADICTIONS = {
+    "BLOG-TP2-PRO6000": "the log leaves 1.66 GiB per GPU besides weights and KV (0.426 x 95.01 - 30.59 - "
+    "8.22), less than the sampler pass alone (2.12 GiB: 2.03 measured over 1,024 rows, with the TP-2 "
+    "all-gather, + hidden states), which vLLM 0.27.1 runs on every TP rank (gpu_model_runner.profile_run, "
+    "_dummy_sampler_run, same as 0.32); the same post's TP 1 run leaves 3.86 GiB, and no source term "
+    "falls by 2.2 GiB from TP 1 to TP 2",
+    "BLOG-PP2-PRO6000": "tokens are the minimum over stages, so the last stage spent at most 3.04 GiB "
+    "besides weights and KV; it runs the sampler (2.12 GiB) and captures CUDA graphs (1.86 GiB logged for "
+    "this model; the same post's TP 1 run implies 1.56), while the first stage, without the sampler, "
+    "spent 3.03 GiB",
+}
+
 CATALOG_GPU_GIB = {"H100NVL-TABLE": 93.00}
 
 
@@ -225,6 +277,29 @@ def adjusted_gib(plan: Plan, setup: Setup) -> float:
     return budget / GIB
 
 
+def unclamped_budget_gib(point: dict[str, Any], plan: Plan) -> float:
+    """What vLLM would print as 'Available KV cache memory' under the plan's terms (negative = refused)."""
+    memory = CATALOG_GPU_GIB.get(point["id"], point["gpu_total_mem_gib"])
+    utilization = SETUPS[point["id"]].utilization or point["gpu_memory_utilization"]
+    assert plan.runtime is not None
+    usable = memory * utilization * GIB
+    return (usable - plan.weights_bytes_per_gpu - plan.runtime.total_bytes) / GIB
+
+
+def check_contradiction(pid: str, plan: Plan) -> None:
+    """The point's own figures against the source-derived terms CONTRADICTIONS names."""
+    point = POINTS[pid]
+    logged = point["logged"]
+    budget = point["gpu_total_mem_gib"] * point["gpu_memory_utilization"]
+    spent = budget - logged["model_loading_gib"] - logged["kv_cache_gib"]  # besides weights and KV
+    runtime = plan.runtime
+    assert runtime is not None
+    if point["pp"] == 1:
+        assert spent < runtime.sampler_bytes / GIB, pid
+    else:
+        assert spent < (runtime.sampler_bytes + runtime.cuda_graph_bytes) / GIB, pid
+
+
 def error(planned: float, logged: float | None) -> str:
     return "" if not logged else f"{(planned - logged) / logged:+.1%}"
 
@@ -245,12 +320,21 @@ def table() -> list[dict[str, Any]]:
             row["note"] = NOT_EXPRESSIBLE[pid]
         else:
             plan = plan_point(point, setup)
+            planned_gib = plan.kv_budget_bytes_per_gpu / GIB
+            if gib is not None and gib < 0:  # a refusal: compare what vLLM printed with the unclamped plan
+                planned_gib = unclamped_budget_gib(point, plan)
             row.update(
-                planned_gib=plan.kv_budget_bytes_per_gpu / GIB,
+                planned_gib=planned_gib,
                 planned_tokens=plan.kv_tokens_per_replica,
-                adjusted_gib=adjusted_gib(plan, setup),
+                adjusted_gib=planned_gib if planned_gib < 0 else adjusted_gib(plan, setup),
                 note="; ".join(
-                    x for x in (setup.accounting, setup.assumed and f"assumed: {setup.assumed}") if x
+                    x
+                    for x in (
+                        setup.accounting,
+                        setup.assumed and f"assumed: {setup.assumed}",
+                        pid in CONTRADICTIONS and f"contradicts the source: {CONTRADICTIONS[pid]}",
+                    )
+                    if x
                 ),
             )
         rows.append(row)
@@ -289,20 +373,27 @@ def test_calibration_table(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize("pid", [pid for pid, p in POINTS.items() if comparable(p)])
-def test_comparable_points_within_ten_percent(pid: str) -> None:
+def test_comparable_points_within_the_band(pid: str) -> None:
     point = POINTS[pid]
     plan = plan_point(point, SETUPS[pid])
     gib, tokens = logged_kv(point)
+    if gib is not None and gib < 0:  # vLLM refused to start: the plan must refuse too
+        assert not plan.fits and unclamped_budget_gib(point, plan) < 0
+        return
+    if pid in CONTRADICTIONS:
+        check_contradiction(pid, plan)
+        return
     if gib is not None:
-        assert plan.kv_budget_bytes_per_gpu / GIB == pytest.approx(gib, rel=0.10)
+        assert BELOW <= (plan.kv_budget_bytes_per_gpu / GIB - gib) / gib <= ABOVE
     if tokens is not None:
-        assert plan.kv_tokens_per_replica == pytest.approx(tokens, rel=0.10)
+        assert BELOW <= (plan.kv_tokens_per_replica - tokens) / tokens <= ABOVE
 
 
 def test_adjusted_older_cuda_points_within_ten_percent() -> None:
     # With that version's accounting put back, the NVIDIA points of older versions fit too: the rest of
     # the model (weights, measured activations and sampler, non-torch) explains them.
-    for pid in ("LMCACHE-FAQ-TP2-H100", "VLLM-15815", "RAGPI-AWQ-TP2-5090", "NIMBUS-TP1-v019"):
+    older = ("LMCACHE-FAQ-TP2-H100", "VLLM-15815", "RAGPI-AWQ-TP2-5090", "NIMBUS-TP1-v019")
+    for pid in (*older, "LLMD-0.11-TP1-H100", "LLMD-0.11-TP2-H100"):
         point, setup = POINTS[pid], SETUPS[pid]
         gib, _ = logged_kv(point)
         assert adjusted_gib(plan_point(point, setup), setup) == pytest.approx(gib, rel=0.10), pid

@@ -98,16 +98,17 @@ def test_a100_80gb_tp2_bf16_example_by_hand() -> None:
     assert round(plan.weights_bytes_per_gpu / GIB, 2) == 30.51
     # usable per GPU: 84,975,927,951 x 0.90 = 76,478,335,155 B
     # runtime: forward 8,192 x 117,768 = 964,755,456 B; sampler 14.07 x 128 x 151,936 + 8,192 x 10,240
-    # = 357,516,738 B (the forward is the peak); non-torch 2 x 161,061,273 = 322,122,546 B; CUDA graphs
-    # 1,997,159,792 B; in all 3,284,037,794 B (3.06 GiB)
-    assert plan.runtime is not None and plan.runtime.total_bytes == 3_284_037_794
-    # KV budget per GPU: 76,478,335,155 - 32,765,000,000 - 3,284,037,794 = 40,429,297,361 B (37.65 GiB)
-    assert plan.kv_budget_bytes_per_gpu == 40_429_297_361
+    # = 357,516,738 B (the forward is the peak); workspaces 33 MiB + the Triton sampler buffer 128 x 151,936
+    # x 4 = 112,394,240 B; non-torch 68 MiB = 71,303,168 B; CUDA graphs 1,997,159,792 B; in all
+    # 3,145,612,656 B (2.93 GiB)
+    assert plan.runtime is not None and plan.runtime.total_bytes == 3_145_612_656
+    # KV budget per GPU: 76,478,335,155 - 32,765,000,000 - 3,145,612,656 = 40,567,722,499 B (37.78 GiB)
+    assert plan.kv_budget_bytes_per_gpu == 40_567_722_499
     # KV per token: 2 x 64 x 8 x 128 x 2 = 262,144 B; each GPU holds 1/2 of the KV heads, so
-    # tokens per replica = budget x 2 / 262,144 = 308,451.7 -> 19,278 blocks of 16 = 308,448
+    # tokens per replica = budget x 2 / 262,144 = 309,507.8 -> 19,344 blocks of 16 = 309,504
     assert plan.kv_bytes_per_token == 262_144
-    assert plan.kv_tokens_per_replica == 308_448
-    # full 32,768-token requests at once: 308,448 // 32,768 = 9 (9.41)
+    assert plan.kv_tokens_per_replica == 309_504
+    # full 32,768-token requests at once: 309,504 // 32,768 = 9 (9.45)
     assert plan.max_concurrent_at_max_model_len == 9
     assert (plan.tensor_parallel_size, plan.gpus_per_replica, plan.max_model_len) == (2, 2, 32_768)
     assert plan.yarn is None and plan.quantization is None
@@ -119,14 +120,14 @@ def test_h100_fp8_128k_example_by_hand() -> None:
     # weights per GPU: 34,350,000,000 / 2 = 17,175,000,000 B (16.00 GiB)
     assert plan.weights_bytes_per_gpu == 17_175_000_000
     # usable: 84,943,715,696 x 0.9 = 76,449,344,126 B (71.20 GiB)
-    # runtime: forward 16,384 x 117,768 = 1,929,510,912 B + non-torch 322,122,546 + CUDA graphs
-    # 1,997,159,792 = 4,248,793,250 B (3.96 GiB)
-    # budget: 76,449,344,126 - 17,175,000,000 - 4,248,793,250 = 55,025,550,876 B (51.25 GiB)
-    assert plan.kv_budget_bytes_per_gpu == 55_025_550_876
-    # fp8 KV: 131,072 B per token; tokens = 55,025,550,876 x 2 / 131,072 = 839,623 -> 839,616 (blocks)
+    # runtime: forward 16,384 x 117,768 = 1,929,510,912 B + workspaces 34,603,008 + sampler buffer 64 x
+    # 151,936 x 4 = 38,895,616 + non-torch 71,303,168 + CUDA graphs 1,997,159,792 = 4,071,472,496 B
+    # budget: 76,449,344,126 - 17,175,000,000 - 4,071,472,496 = 55,202,871,630 B (51.41 GiB)
+    assert plan.kv_budget_bytes_per_gpu == 55_202_871_630
+    # fp8 KV: 131,072 B per token; tokens = 55,202,871,630 x 2 / 131,072 = 842,329 -> 842,320 (blocks)
     assert plan.kv_bytes_per_token == 131_072
-    assert plan.kv_tokens_per_replica == 839_616
-    # 839,616 // 131,072 = 6 full-length requests
+    assert plan.kv_tokens_per_replica == 842_320
+    # 842,320 // 131,072 = 6 full-length requests
     assert plan.max_concurrent_at_max_model_len == 6
     # 131,072 > 32,768: YaRN, factor 4 (131,072 / 32,768), original window 32,768
     assert plan.yarn is not None
@@ -141,11 +142,12 @@ def test_l40s_awq_example_by_hand() -> None:
     assert plan.weights_bytes_per_gpu == 19_340_000_000
     # usable: 47,695,611,822 x 0.9 = 42,926,050,639 B
     # runtime at TP 1, 8,192 batched tokens (the default): forward 8,192 x 184,328 = 1,510,014,976 B
-    # + non-torch 161,061,273 + CUDA graphs 1,997,159,792 = 3,668,236,041 B (3.42 GiB)
-    # budget: 42,926,050,639 - 19,340,000,000 - 3,668,236,041 = 19,917,814,598 B (18.55 GiB)
-    assert plan.kv_budget_bytes_per_gpu == 19_917_814_598
-    # tokens: 19,917,814,598 / 262,144 = 75,980.6 -> 75,968 (blocks); 75,968 // 32,768 = 2
-    assert plan.kv_tokens_per_replica == 75_968
+    # + workspaces and the 64-row sampler buffer 73,498,624 + non-torch 71,303,168 + CUDA graphs
+    # 1,997,159,792 = 3,651,976,560 B (3.40 GiB)
+    # budget: 42,926,050,639 - 19,340,000,000 - 3,651,976,560 = 19,934,074,079 B (18.56 GiB)
+    assert plan.kv_budget_bytes_per_gpu == 19_934_074_079
+    # tokens: 19,934,074,079 / 262,144 = 76,042.6 -> 76,032 (blocks); 76,032 // 32,768 = 2
+    assert plan.kv_tokens_per_replica == 76_032
     assert plan.max_concurrent_at_max_model_len == 2
     assert plan.quantization == "awq_marlin" and plan.fits
 
@@ -155,21 +157,21 @@ def test_l40s_awq_example_by_hand() -> None:
 
 def test_bf16_on_two_a100_40gb_does_not_fit() -> None:
     plan = plan_for(gpu={"type": "A100-40GB"})
-    # usable: 42,412,802,048 x 0.9 = 38,171,521,843 B (35.55 GiB); weights 30.51 GiB + runtime 3.06 GiB
-    # leave 2,122,484,049 B (1.98 GiB): 16,192 tokens, less than one 32,768-token sequence (8 GiB)
+    # usable: 42,412,802,048 x 0.9 = 38,171,521,843 B (35.55 GiB); weights 30.51 GiB + runtime 2.93 GiB
+    # leave 2,258,478,211 B (2.10 GiB): 17,216 tokens, less than one 32,768-token sequence (8 GiB)
     assert not plan.fits
-    assert plan.kv_tokens_per_replica == 16_192
+    assert plan.kv_tokens_per_replica == 17_216
     (message,) = errors_at(plan, "spec.engine.maxModelLen")
-    assert "one 32768-token sequence needs 8.00 GiB of KV cache but a replica has 3.95 GiB" in message
-    assert "after 30.51 GiB of weights and 3.06 GiB runtime" in message
+    assert "one 32768-token sequence needs 8.00 GiB of KV cache but a replica has 4.21 GiB" in message
+    assert "after 30.51 GiB of weights and 2.93 GiB runtime" in message
 
 
 def test_no_room_for_the_weights_is_a_gpu_error_naming_the_runtime_terms() -> None:
     plan = plan_for(gpu={"type": "A100-40GB"}, engine={"gpuMemoryUtilization": 0.8})
-    # usable: 42,412,802,048 x 0.8 = 33,930,241,638 B (31.60 GiB) < 30.51 GiB weights + 3.06 GiB runtime
+    # usable: 42,412,802,048 x 0.8 = 33,930,241,638 B (31.60 GiB) < 30.51 GiB weights + 2.93 GiB runtime
     (message,) = errors_at(plan, "spec.gpu.type")
     assert (
-        "weights need 30.51 GiB per GPU plus 3.06 GiB runtime (activations of 8192 batched tokens" in message
+        "weights need 30.51 GiB per GPU plus 2.93 GiB runtime (activations of 8192 batched tokens" in message
     )
     assert "A100-40GB offers 31.60 GiB at gpuMemoryUtilization 0.8" in message
     assert plan.kv_budget_bytes_per_gpu == 0 and plan.kv_tokens_per_replica == 0
@@ -178,31 +180,34 @@ def test_no_room_for_the_weights_is_a_gpu_error_naming_the_runtime_terms() -> No
 def test_bf16_on_four_a100_40gb_fits() -> None:
     plan = plan_for(gpu={"type": "A100-40GB"}, parallelism={"tensor": 4})
     # weights 65.53e9 / 4 = 16,382,500,000 B; runtime: forward 8,192 x 79,368 = 650,182,656 B, sampler
-    # 14.07 x 256 x 151,936 + 83,886,080 = 631,147,397 B (smaller), non-torch 4 x 161,061,273
-    # = 644,245,092 B, CUDA graphs 1,997,159,792 B: 3,291,587,540 B
-    # budget 38,171,521,843 - 16,382,500,000 - 3,291,587,540 = 18,497,434,303 B
-    # tokens = x 4 / 262,144 = 282,248 -> 282,240 (blocks); // 32,768 = 8
-    assert plan.kv_budget_bytes_per_gpu == 18_497_434_303
-    assert plan.kv_tokens_per_replica == 282_240
+    # 14.07 x 256 x 151,936 + 83,886,080 = 631,147,397 B (smaller), workspaces 34,603,008 + sampler
+    # buffer 132 x 151,936 x 4 = 80,222,208, non-torch 71,303,168 (the same at every TP: NCCL is set up
+    # before vLLM's snapshot), CUDA graphs 1,997,159,792 B: 2,833,470,832 B
+    # budget 38,171,521,843 - 16,382,500,000 - 2,833,470,832 = 18,955,551,011 B
+    # tokens = x 4 / 262,144 = 289,238 -> 289,232 (blocks); // 32,768 = 8
+    assert plan.kv_budget_bytes_per_gpu == 18_955_551_011
+    assert plan.kv_tokens_per_replica == 289_232
     assert plan.max_concurrent_at_max_model_len == 8
     assert plan.fits
 
 
 def test_bf16_tp1_on_a100_80gb_cannot_hold_one_full_sequence() -> None:
     plan = plan_for(parallelism={"tensor": 1})
-    # budget: 76,478,335,155 - 65,530,000,000 - 3,668,236,041 = 7,280,099,114 B (6.78 GiB)
-    # tokens: 7,280,099,114 / 262,144 = 27,771.4 -> 27,760 < 32,768 (one sequence needs 8 GiB)
-    assert plan.kv_tokens_per_replica == 27_760
+    # runtime: forward 1,510,014,976 + workspaces and sampler buffer 114,825,216 + non-torch 71,303,168
+    # + CUDA graphs 1,997,159,792 = 3,693,303,152 B
+    # budget: 76,478,335,155 - 65,530,000,000 - 3,693,303,152 = 7,255,032,003 B (6.76 GiB)
+    # tokens: 7,255,032,003 / 262,144 = 27,675.8 -> 27,664 < 32,768 (one sequence needs 8 GiB)
+    assert plan.kv_tokens_per_replica == 27_664
     (message,) = errors_at(plan, "spec.engine.maxModelLen")
     assert (
-        "one 32768-token sequence needs 8.00 GiB of KV cache but a replica has 6.78 GiB (27760 tokens)"
+        "one 32768-token sequence needs 8.00 GiB of KV cache but a replica has 6.76 GiB (27664 tokens)"
         in message
     )
 
 
 def test_one_full_request_fits_but_warns() -> None:
     plan = plan_for(parallelism={"tensor": 1}, engine={"maxModelLen": 16_384})
-    # 27,760 // 16,384 = 1 request at full length: allowed, with a warning
+    # 27,664 // 16,384 = 1 request at full length: allowed, with a warning
     assert plan.fits and plan.max_concurrent_at_max_model_len == 1
     assert any(
         "only 1 request(s) of 16384 tokens fit at once" in w
@@ -264,20 +269,22 @@ def test_gpu_memory_is_what_cuda_reports() -> None:
 def test_gpu_memory_utilization_changes_the_budget() -> None:
     plan = plan_for(engine={"gpuMemoryUtilization": 0.8})
     # usable: 84,975,927,951 x 0.8 = 67,980,742,360; budget = 67,980,742,360 - 32,765,000,000
-    # - 3,284,037,794 = 31,931,704,566; tokens = x 2 / 262,144 = 243,619 -> 243,616 (blocks)
-    assert plan.kv_budget_bytes_per_gpu == 31_931_704_566
-    assert plan.kv_tokens_per_replica == 243_616
+    # - 3,148,043,632 (runtime at TP 2, 256 seqs) = 32,067,698,728; tokens = x 2 / 262,144 = 244,657
+    # -> 244,656 (blocks)
+    assert plan.kv_budget_bytes_per_gpu == 32_067_698_728
+    assert plan.kv_tokens_per_replica == 244_656
 
 
 def test_pipeline_parallelism_splits_weights_and_layers() -> None:
     plan = plan_for(parallelism={"tensor": 2, "pipeline": 2})
     # 4 GPUs: weights 65,530,000,000 / 4 = 16,382,500,000 B each; runtime as at TP 2 (each stage runs
-    # all batched tokens through its layers): 3,284,037,794 B; KV budget per GPU 76,478,335,155
-    # - 16,382,500,000 - 3,284,037,794 = 56,811,797,361; each GPU holds 1/2 of the KV heads of 1/2 of
-    # the layers: tokens = 56,811,797,361 x 4 / 262,144 = 866,879 -> 866,864 (blocks)
+    # all batched tokens through its layers; the last one samples, and vLLM sizes every stage to the
+    # smallest): 3,148,043,632 B; KV budget per GPU 76,478,335,155 - 16,382,500,000 - 3,148,043,632
+    # = 56,947,791,523; each GPU holds 1/2 of the KV heads of 1/2 of the layers: tokens
+    # = 56,947,791,523 x 4 / 262,144 = 868,954 -> 868,944 (blocks)
     assert plan.gpus_per_replica == 4
     assert plan.weights_bytes_per_gpu == 16_382_500_000
-    assert plan.kv_tokens_per_replica == 866_864
+    assert plan.kv_tokens_per_replica == 868_944
 
 
 def test_draft_model_weights_count() -> None:
@@ -301,11 +308,11 @@ def test_draft_model_kv_cache_shares_the_pool(draft: str, layers: int, kib: int)
 
 def test_draft_model_kv_cache_lowers_the_tokens() -> None:
     plan = plan_for(engine={"speculative": {"method": "draft_model", "model": "Qwen/Qwen3-0.6B"}})
-    # budget: 76,478,335,155 - 33,515,000,000 - 3,284,037,794 (runtime at TP 2, 256 seqs: the forward
-    # 964,755,456 is still the peak) = 39,679,297,361 B; tokens = x 2 / (262,144 + 114,688)
-    # = 210,599 -> 210,592 (blocks), 6 full 32K requests instead of 9 without the draft
-    assert plan.kv_budget_bytes_per_gpu == 39_679_297_361
-    assert plan.kv_tokens_per_replica == 210_592
+    # budget: 76,478,335,155 - 33,515,000,000 - 3,148,043,632 (runtime at TP 2, 256 seqs: the forward
+    # 964,755,456 is still the peak) = 39,815,291,523 B; tokens = x 2 / (262,144 + 114,688)
+    # = 211,320 -> 211,312 (blocks), 6 full 32K requests instead of 9 without the draft
+    assert plan.kv_budget_bytes_per_gpu == 39_815_291_523
+    assert plan.kv_tokens_per_replica == 211_312
     assert plan.max_concurrent_at_max_model_len == 6
 
 
@@ -392,15 +399,16 @@ def test_enforce_eager_drops_the_cuda_graph_estimate() -> None:
 def test_h200_tp1_128k_with_a_128k_batch_is_refused() -> None:
     # issue 12: the old fixed 5.5 GiB overhead said 187,562 tokens; with the measured activations:
     # usable 150,109,945,856 x 0.8 = 120,087,956,684 B; weights 65,530,000,000; forward
-    # 131,072 x 184,328 = 24,160,239,616 B; non-torch 161,061,273; CUDA graphs 1,997,159,792
-    # budget 28,239,496,003 B -> 107,712 tokens, less than one 131,072-token request
+    # 131,072 x 184,328 = 24,160,239,616 B; workspaces and sampler buffer 114,825,216; non-torch
+    # 71,303,168; CUDA graphs 1,997,159,792; budget 28,214,428,892 B -> 107,616 tokens, less than one
+    # 131,072-token request
     plan = plan_for(
         gpu={"type": "H200-141GB"},
         parallelism={"tensor": 1},
         engine={"maxModelLen": 131_072, "maxNumBatchedTokens": 131_072, "gpuMemoryUtilization": 0.8},
     )
-    assert plan.kv_budget_bytes_per_gpu == 28_239_496_003
-    assert plan.kv_tokens_per_replica == 107_712
+    assert plan.kv_budget_bytes_per_gpu == 28_214_428_892
+    assert plan.kv_tokens_per_replica == 107_616
     (message,) = errors_at(plan, "spec.engine.maxModelLen")
     assert "activations of 131072 batched tokens 22.50 GiB" in message
 

@@ -49,11 +49,20 @@ ACTIVATION_BYTES_PER_BATCHED_TOKEN = {1: 184_328, 2: 117_768, 4: 79_368, 8: 60_1
 #: the whole vocabulary: bf16 logits, their float32 copy, probabilities and exponential noise,
 #: measured 14.07 bytes per row per vocabulary entry, at every TP (logits are gathered first).
 SAMPLER_BYTES_PER_LOGIT = 14.07
-#: Memory outside PyTorch's allocator that vLLM counts (cuBLAS workspaces, NCCL and custom all-reduce
-#: buffers): a base plus a share per tensor-parallel peer. From the one log that prints it for this
-#: model (0.30 GiB at TP 2, vLLM 0.7 on L40S); not measured here (no NCCL peers on one GPU).
-NON_TORCH_BASE_BYTES = int(0.15 * GIB)
-NON_TORCH_PER_PEER_BYTES = int(0.15 * GIB)
+#: What vLLM charges besides the transient peak is what the profile leaves behind after its init
+#: snapshot (v1/worker/gpu_worker.py init_device takes that snapshot after NCCL and the custom all-reduce
+#: are set up, so their buffers come out of the (1 - gpuMemoryUtilization) headroom, not the budget).
+#: Persistent torch allocations: the cuBLAS/cuBLASLt workspaces, 33 MiB measured on the H200
+#: (tools/measure/runtime_terms.py), and the Triton top-k/top-p buffer the sampler's native pass caches
+#: (v1/sample/ops/topk_topp_triton.py: min(next_pow2(rows), SMs) x vocabulary x 4 B).
+CUBLAS_WORKSPACE_BYTES = 33 * 2**20
+#: SMs sizing that Triton buffer: 132 on H100 SXM and H200 (measured); GPUs with more SMs keep a larger
+#: one (188 on RTX PRO 6000: 33 MiB more), GPUs with fewer a smaller one.
+SAMPLER_BUFFER_SMS = 132
+#: The non-torch increase over the profile pass (cuBLAS handles, lazily loaded kernel modules): 68 MiB
+#: measured on the H200 from a snapshot after the CUDA context (tools/measure/runtime_terms.py). vLLM's own
+#: kernels (Triton, FlashAttention) add their modules; NCCL does not, being set up before the snapshot.
+NON_TORCH_BYTES = 68 * 2**20
 #: CUDA-graph memory vLLM estimates and takes out of the KV budget since 0.21
 #: (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1): the 1.86 GiB a vLLM 0.26 log shows for Qwen3-32B at
 #: TP 1 with the default capture sizes (largest 512). Zero with --enforce-eager.
@@ -113,6 +122,7 @@ class RuntimeMemory:
 
     forward_bytes: int  # dummy forward of maxNumBatchedTokens tokens
     sampler_bytes: int  # dummy sampler pass over maxNumSeqs rows (plus the forward's hidden states)
+    persistent_bytes: int  # torch allocations the profile leaves behind (workspaces, sampler buffer)
     non_torch_bytes: int
     cuda_graph_bytes: int
 
@@ -123,7 +133,7 @@ class RuntimeMemory:
 
     @property
     def total_bytes(self) -> int:
-        return self.profile_peak_bytes + self.non_torch_bytes + self.cuda_graph_bytes
+        return self.profile_peak_bytes + self.persistent_bytes + self.non_torch_bytes + self.cuda_graph_bytes
 
 
 @dataclass
@@ -384,10 +394,12 @@ def runtime_memory(
     """vLLM 0.32's non-weight, non-KV memory on one GPU of a replica (docs/capacity-planning.md)."""
     rows = min(max_num_seqs, max_num_batched_tokens)  # _dummy_run samples at most one row per token
     hidden = max_num_batched_tokens * model.hidden_size * 2  # the forward's output, alive while sampling
+    sampler_buffer_rows = min(1 << (rows - 1).bit_length(), SAMPLER_BUFFER_SMS)
     return RuntimeMemory(
         forward_bytes=max_num_batched_tokens * activation_bytes_per_token(tp),
         sampler_bytes=int(SAMPLER_BYTES_PER_LOGIT * rows * model.vocab_size) + hidden,
-        non_torch_bytes=NON_TORCH_BASE_BYTES + NON_TORCH_PER_PEER_BYTES * (tp - 1),
+        persistent_bytes=CUBLAS_WORKSPACE_BYTES + sampler_buffer_rows * model.vocab_size * 4,
+        non_torch_bytes=NON_TORCH_BYTES,
         cuda_graph_bytes=CUDA_GRAPH_BYTES if cuda_graphs else 0,
     )
 
@@ -451,7 +463,10 @@ def _runtime_terms(runtime: RuntimeMemory, batched_tokens: int, seqs: int) -> st
         if runtime.forward_bytes >= runtime.sampler_bytes
         else f"sampler over {seqs} sequences {gib(runtime.sampler_bytes)}"
     )
-    return f"{peak}, non-torch {gib(runtime.non_torch_bytes)}, CUDA graphs {gib(runtime.cuda_graph_bytes)}"
+    return (
+        f"{peak}, workspaces {gib(runtime.persistent_bytes)}, non-torch {gib(runtime.non_torch_bytes)}, "
+        f"CUDA graphs {gib(runtime.cuda_graph_bytes)}"
+    )
 
 
 def prefill_step_flops(model: ModelInfo, chunk_tokens: int, context_tokens: int) -> tuple[float, float]:

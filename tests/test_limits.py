@@ -128,6 +128,19 @@ def test_the_gateway_pods_together_admit_no_more_than_the_key_limit(
     assert replicas * (limits.burst + 1) <= max(burst + 1, replicas)  # at least one at once per pod
 
 
+def test_a_key_limit_below_one_per_gateway_pod_is_a_warning() -> None:
+    """Every pod admits at least one request per minute and one at once: with fewer than the pods, the
+    gateway admits more than the key's limit, and the plan says so at the field."""
+    rev = reviewed(A100, gateway={"replicas": 3, "rateLimit": {"requestsPerMinute": 2, "burst": 0}})
+    limits = Limits.of(rev)
+    assert (limits.rate_per_minute, limits.burst) == (1, 0)
+    warnings = dict(rev.plan.warnings)
+    assert "the gateway admits 3" in warnings["spec.gateway.rateLimit.requestsPerMinute"]
+    assert "the gateway admits 3" in warnings["spec.gateway.rateLimit.burst"]
+    fine = reviewed(A100, gateway={"replicas": 3, "rateLimit": {"requestsPerMinute": 3, "burst": 2}})
+    assert not [p for p, _ in fine.plan.warnings if p.startswith("spec.gateway.rateLimit")]
+
+
 def test_the_429_says_what_this_pod_admits_of_the_key_limit() -> None:
     two = Limits.of(
         reviewed(A100, gateway={"replicas": 2, "rateLimit": {"requestsPerMinute": 600, "burst": 50}})

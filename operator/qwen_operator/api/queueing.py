@@ -136,3 +136,24 @@ def check_routing(spec: QwenDeploymentSpec, plan: Plan) -> None:
             "whose requests reach two pods can be placed on two engines, each caching its prefix; with "
             "consistent_hash every pod computes the same engine",
         )
+
+
+def check_rate_split(spec: QwenDeploymentSpec, plan: Plan) -> None:
+    """Warn where the per-pod shares of a key's limit cannot add up to it: each pod admits at least one
+    request per minute and one at once (gateway/limits.py), so below one per pod the pods admit more."""
+    g = spec.gateway
+    if not g.enabled:
+        return
+    limit = g.rate_limit
+    if limit.requests_per_minute < g.replicas:
+        plan.warn(
+            "spec.gateway.rateLimit.requestsPerMinute",
+            f"{limit.requests_per_minute} is below the {g.replicas} gateway pods that share it: each pod "
+            f"admits 1 per minute per key, so the gateway admits {g.replicas}",
+        )
+    if limit.burst + 1 < g.replicas:
+        plan.warn(
+            "spec.gateway.rateLimit.burst",
+            f"{limit.burst} + 1 requests at once is below the {g.replicas} gateway pods that share it: each "
+            f"pod admits 1 at once per key, so the gateway admits {g.replicas}",
+        )

@@ -13,7 +13,7 @@ from .catalog import GIB
 from .engine import check_extra_args, command_line
 from .plan import Plan, make_plan
 from .pool import NodePool
-from .queueing import check_pass_through, check_routing
+from .queueing import check_pass_through, check_rate_split, check_routing
 from .spec import QwenDeployment, parse
 
 
@@ -77,6 +77,7 @@ def review(body: dict[str, Any]) -> Review:
     plan = make_plan(resource.spec)
     check_pass_through(resource.spec, plan)
     check_routing(resource.spec, plan)
+    check_rate_split(resource.spec, plan)
     for path, message in check_extra_args(resource.spec.engine.extra_args):
         plan.invalid(path, message)
     command = command_line(resource.spec, plan) if plan.fits else []

@@ -39,7 +39,11 @@ NAMES = {"Dockerfile", "Makefile", "go.mod"}
 SKIP_DIRS = {".git", ".venv", ".devcluster", "__pycache__", "node_modules"}
 #: Files that name other versions on purpose: the planner's calibration against start-up logs of older
 #: vLLM releases, and the raw output of a measurement made with the GPU machine's own PyTorch.
-OTHER_VERSIONS_ON_PURPOSE = {"docs/capacity-planning.md", "tools/measure/activation_peak.out.txt"}
+OTHER_VERSIONS_ON_PURPOSE = {
+    "docs/capacity-planning.md",
+    "tools/measure/activation_peak.out.txt",
+    "tools/measure/runtime_terms.out.txt",
+}
 
 
 def _tag(image: str) -> str:

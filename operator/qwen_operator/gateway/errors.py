@@ -63,6 +63,10 @@ ROUTER_BODY_ERRORS = (
 UNSUPPORTED_MEDIA_TYPE = GatewayError(
     415, 415, "unsupported_media_type", "Send the request body as JSON, with Content-Type: application/json."
 )
+#: A request without a key the API-key Secret holds.
+INVALID_API_KEY = GatewayError(
+    401, 401, "invalid_api_key", "Missing or invalid API key. Send it as: Authorization: Bearer <key>."
+)
 #: A route outside the allow-list.
 UNKNOWN_URL = GatewayError(
     404,

@@ -9,7 +9,14 @@ import jinja2
 
 from .. import names
 from ..api.review import Review
-from .errors import ROUTER_BODY_ERRORS, UNKNOWN_URL, UNSUPPORTED_MEDIA_TYPE, GatewayError, nginx_errors
+from .errors import (
+    INVALID_API_KEY,
+    ROUTER_BODY_ERRORS,
+    UNKNOWN_URL,
+    UNSUPPORTED_MEDIA_TYPE,
+    GatewayError,
+    nginx_errors,
+)
 from .limits import Limits
 from .wiring import POD, Wiring
 
@@ -42,6 +49,7 @@ def _templates() -> jinja2.Environment:
 def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
     qd = review.resource
     g = qd.spec.gateway
+    own_errors = nginx_errors(MAX_BODY_TEXT)
     return {
         "deployment": f"{qd.metadata.namespace}/{qd.metadata.name}",
         "auth": names.api_keys_secret(qd) is not None,
@@ -66,10 +74,10 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
         "reload_interval": RELOAD_INTERVAL_SECONDS,
         "session_buckets": SESSION_BUCKETS,
         "session_bucket_percent": f"{100 / SESSION_BUCKETS:g}",
-        "nginx_errors": nginx_errors(MAX_BODY_TEXT),
+        "nginx_errors": own_errors,
         "errors": {
             e.code: e
-            for e in (*nginx_errors(MAX_BODY_TEXT), *ROUTER_BODY_ERRORS, UNSUPPORTED_MEDIA_TYPE, UNKNOWN_URL)
+            for e in (*own_errors, *ROUTER_BODY_ERRORS, UNSUPPORTED_MEDIA_TYPE, UNKNOWN_URL, INVALID_API_KEY)
         },
     }
 

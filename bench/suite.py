@@ -29,7 +29,7 @@ RESULTS = HERE / "results"
 README = REPO / "README.md"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 #: In the order they run: the cheapest first, so a broken part shows early.
-SCENARIOS = ("operator", "gateway", "routing", "engine")
+SCENARIOS = ("operator", "gateway", "gateway_profile", "routing", "engine")
 
 
 def machine() -> str:
@@ -106,21 +106,56 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def readme_section(results: list[dict[str, Any]], when: str, where: str, seconds: float) -> str:
-    notes = [f"- {result['scenario']}: {note}" for result in results for note in result.get("notes", [])]
+def readme_section(
+    results: list[dict[str, Any]], when: str, where: str, seconds: float, kept: dict[str, list[str]]
+) -> str:
+    """The Performance section; `kept` holds, per scenario left out of this run, its table rows and notes
+    from the section before (each scenario's notes say when it was measured)."""
+    notes = [f"- {r['scenario']}: measured {when} on {where}" for r in results]
+    notes += [f"- {result['scenario']}: {note}" for result in results for note in result.get("notes", [])]
+    rows = table(results).splitlines()
+    for lines in kept.values():
+        rows += [line for line in lines if line.startswith("| ")]
+        notes += [line for line in lines if line.startswith("- ")]
+    scope = "every scenario" if not kept else f"{', '.join(r['scenario'] for r in results)}; the others kept"
     return "\n".join(
         [
             BEGIN,
-            f"Measured {when} on {where} by `make bench` in {seconds / 60:.0f} min "
-            "(ratios: value / the peer's value in the same run; spread: lowest and highest ratio over the"
-            " rounds).",
+            f"`make bench` ({scope}) in {seconds / 60:.0f} min; ratios: value / the peer's value in the same"
+            " run; spread: lowest and highest ratio over the rounds.",
             "",
-            table(results),
+            *rows,
             "",
             *notes,
             END,
         ]
     )
+
+
+def _section(text: str) -> str:
+    return text.partition(BEGIN)[2].partition(END)[0] if BEGIN in text and END in text else ""
+
+
+def kept_scenarios(ran: list[str]) -> dict[str, list[str]]:
+    """Per scenario in the README's section now but not in `ran`: its table rows and notes. A section
+    written before scenarios carried their own date gives its date to each of them in a note."""
+    section = _section(README.read_text())
+    lines = section.splitlines()
+    dated = next((line for line in lines if line.startswith("Measured ")), "")
+    when = dated.removeprefix("Measured ").split(" by `make bench`")[0]
+    kept: dict[str, list[str]] = {}
+    for line in lines:
+        cells = line.split(" | ")
+        if line.startswith("| ") and not line.startswith(("| scenario |", "|---")) and len(cells) > 1:
+            name = cells[0].removeprefix("| ")
+            if name not in ran:
+                kept.setdefault(name, []).append(line)
+    for name, rows in kept.items():
+        notes = [line for line in lines if line.startswith(f"- {name}: ")]
+        if when and not any(note.startswith(f"- {name}: measured ") for note in notes):
+            notes.insert(0, f"- {name}: measured {when}")
+        rows += notes
+    return kept
 
 
 def update_readme(section: str) -> None:
@@ -157,7 +192,8 @@ def main() -> None:
     (RESULTS / "latest.json").write_text(json.dumps(summary, indent=1))
     print(f"\nwrote {RESULTS / 'latest.json'}")
     if args.readme:
-        update_readme(readme_section(results, when, where, seconds))
+        kept = kept_scenarios([r["scenario"] for r in results]) if args.only else {}
+        update_readme(readme_section(results, when, where, seconds, kept))
         print(f"wrote the Performance section of {README}")
     sys.exit(1 if any(r.get("failed") for r in results) else 0)
 

@@ -507,6 +507,48 @@ def test_metrics_per_key_router_and_in_flight(live: Live) -> None:
     _assert_documented([main.log_metrics_url, main.nginx_metrics_url, main.router_metrics_url])
 
 
+def test_the_exporters_log_rotates_under_load_and_keeps_counting(live: Live) -> None:
+    """The access log the exporter tails, rotated while requests keep coming: the exporter follows the
+    new file and misses at most what reached the old one after its last read: the lines of one poll
+    interval (250 ms) and the block each nginx worker flushes into it as it reopens. The
+    rotation size is lowered to 24 KiB here (the one edit of the rendered files) so that a few hundred
+    requests rotate it; everything else is as rendered."""
+    limit = 24 * 1024
+    rendered = str(gateway.nginx.ACCESS_LOG_ROTATE_BYTES)
+
+    def small_rotation(name: str, text: str) -> str:
+        return text.replace(rendered, str(limit)) if name == "run-nginx.sh" else text
+
+    count = "qwen_gateway_http_response_count_total"
+    block = int(gateway.nginx.LOG_BUFFER.removesuffix("k")) * 1024
+    workers = 2
+    with start_gateway(live.review, [e.url for e in live.engines[:2]], KEYS, edit=small_rotation) as stack:
+        log = Path(stack.wiring.access_log)
+        sent, started = 0, time.monotonic()
+        with requests.Session() as http:
+            while time.monotonic() - started < 3 * gateway.nginx.RELOAD_INTERVAL_SECONDS:
+                assert http.get(f"{stack.url}/rotate-me", timeout=10).status_code == 404
+                sent += 1
+                time.sleep(0.005)
+        rate = sent / (time.monotonic() - started)
+        rotations = stack.procs["nginx"].log.read_text().count("rotated ")
+        assert rotations >= 1 and Path(f"{log}.1").exists(), stack.procs["nginx"].tail()
+        line = len(log.read_text().splitlines()[0]) + 1
+        lost_at_most = rotations * (workers * (block // line + 1) + int(rate * 0.25) + 1)
+
+        def counted() -> float:
+            return metric_sum(stack.log_metrics_url, count, error="unknown_route", status="404")
+
+        wait_until(lambda: counted() >= sent - lost_at_most, 15, f"{sent} requests counted")
+        time.sleep(2)  # whatever was still to come
+        print(
+            f"\n[rotation] {sent} requests ({rate:.0f}/s), {rotations} rotations, {counted():.0f} counted,"
+            f" at most {lost_at_most} to miss"
+        )
+        assert sent - lost_at_most <= counted() <= sent
+        assert log.stat().st_size <= limit + 200 * line  # what one check interval adds at this rate
+
+
 def _assert_documented(urls: list[str]) -> None:
     """Every metric family the gateway exposes is in docs/gateway.md (bar build info and the Go runtime's)."""
     doc = (REPO / "docs" / "gateway.md").read_text()

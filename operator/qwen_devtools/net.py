@@ -30,13 +30,6 @@ def free_ports(count: int) -> list[int]:
         return [int(sock.getsockname()[1]) for sock in sockets]
 
 
-def free_udp_port() -> int:
-    """A UDP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
-
-
 def check_destination(url: str, networks: Sequence[str] = ()) -> None:
     """Tests talk to loopback, or to the networks the dev cluster made (its pods and Services)."""
     host = urllib.parse.urlsplit(url).hostname or ""

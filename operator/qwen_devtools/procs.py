@@ -129,3 +129,27 @@ def running(proc: Proc) -> Iterator[Proc]:
         yield proc
     finally:
         proc.stop()
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, seconds) of a live process and its live descendants, from /proc: what a
+    benchmark charges to one server (nginx's master and workers, say) over a measurement."""
+    parents: dict[int, int] = {}
+    seconds: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # Fields after the command (which may hold spaces): state ppid ... utime(14) stime(15).
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        parents[int(entry.name)] = int(fields[1])
+        seconds[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += seconds.get(current, 0.0)
+        todo.extend(child for child, parent in parents.items() if parent == current)
+    return total

@@ -35,13 +35,21 @@ THROUGHPUT = Measure("throughput", "req/s", lambda run: run.throughput)
 
 
 class Comparison:
-    """Variants against a baseline (the first of `variants`) on the same measures."""
+    """Variants against a baseline (the first of `variants`) on the same measures; `pairs` (variant, peer)
+    add that variant's ratio to another peer than the baseline."""
 
-    def __init__(self, label: str, variants: Sequence[str], measures: Sequence[Measure]) -> None:
+    def __init__(
+        self,
+        label: str,
+        variants: Sequence[str],
+        measures: Sequence[Measure],
+        pairs: Sequence[tuple[str, str]] = (),
+    ) -> None:
         self.label = label
         self.variants = list(variants)
         self.baseline = self.variants[0]
         self.measures = list(measures)
+        self.pairs = [(v, peer) for v, peer in pairs if v in self.variants and peer in self.variants]
         self.runs: dict[str, list[Run]] = {v: [] for v in self.variants}
 
     def record(self, variant: str, run: Run) -> None:
@@ -57,16 +65,20 @@ class Comparison:
     def value(self, measure: Measure, variant: str) -> float:
         return measure.of(self.pooled(variant))
 
-    def round_ratios(self, measure: Measure, variant: str) -> list[float]:
-        pairs = zip(self.runs[variant][: self.rounds], self.runs[self.baseline][: self.rounds], strict=True)
+    def round_ratios(self, measure: Measure, variant: str, peer: str | None = None) -> list[float]:
+        peer = peer or self.baseline
+        pairs = zip(self.runs[variant][: self.rounds], self.runs[peer][: self.rounds], strict=True)
         return [r for r in (_ratio(measure.of(v), measure.of(b)) for v, b in pairs) if r is not None]
 
+    def _compared(self) -> list[tuple[str, str]]:
+        return [(v, self.baseline) for v in self.variants[1:]] + self.pairs
+
     def ratios(self) -> dict[str, float | None]:
-        """Pooled ratio of every (measure, variant) but the baseline's: what the stop rule watches."""
+        """Pooled ratio of every (measure, variant, peer) compared: what the stop rule watches."""
         return {
-            f"{m.name} | {v}": _ratio(self.value(m, v), self.value(m, self.baseline))
+            f"{m.name} | {v} vs {peer}": _ratio(self.value(m, v), self.value(m, peer))
             for m in self.measures
-            for v in self.variants[1:]
+            for v, peer in self._compared()
         }
 
     def rows(self) -> list[dict[str, Any]]:
@@ -89,6 +101,20 @@ class Comparison:
                         "rounds": self.rounds,
                     }
                 )
+            for v, peer in self.pairs:
+                spread = self.round_ratios(m, v, peer)
+                rows.append(
+                    {
+                        "measure": f"{m.name}, {self.label}" if self.label else m.name,
+                        "variant": v,
+                        "value": _finite(self.value(m, v)),
+                        "unit": m.unit,
+                        "baseline": peer,
+                        "ratio": _ratio(self.value(m, v), self.value(m, peer)),
+                        "spread": [min(spread), max(spread)] if spread else None,
+                        "rounds": self.rounds,
+                    }
+                )
         return rows
 
     def print(self) -> None:
@@ -106,6 +132,10 @@ class Comparison:
                     cell += f" {ratio:.2f}x [{min(spread):.2f}-{max(spread):.2f}]"
                 cells.append(cell)
             print(f"   {m.name:22}" + "".join(f"{c:>{width}}" for c in cells))
+            for v, peer in self.pairs:
+                ratio, spread = _ratio(self.value(m, v), self.value(m, peer)), self.round_ratios(m, v, peer)
+                if ratio is not None and spread:
+                    print(f"   {'':22}{v} vs {peer}: {ratio:.2f}x [{min(spread):.2f}-{max(spread):.2f}]")
 
 
 def _ratio(value: float, base: float) -> float | None:

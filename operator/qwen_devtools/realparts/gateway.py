@@ -10,7 +10,7 @@ import shutil
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from qwen_operator import gateway
 from qwen_operator.api.review import Review
 from qwen_operator.gateway import Wiring
 
-from ..net import LOOPBACK, free_ports, free_udp_port, http_post, metric_sum
+from ..net import LOOPBACK, free_ports, http_post, metric_sum
 from ..procs import Proc, spawn, wait_ready
 from ..vllm_env import vllm_router_bin
 from ..wait import wait_until
@@ -126,12 +126,12 @@ def loopback_wiring(root: Path, worker_urls: Sequence[str]) -> Wiring:
         router_metrics_port=ports[3],
         log_metrics_port=ports[4],
         nginx_metrics_port=ports[5],
-        syslog_port=free_udp_port(),
         config_dir=str(root / "config"),
         api_keys_dir=str(root / "secrets" / "api-keys"),
         engine_key_file=str(root / "secrets" / "engine-key" / "token"),
         state_dir=str(root / "state"),
         temp_dir=str(root / "tmp"),
+        log_dir=str(root / "log"),
         worker_urls=tuple(worker_urls),
     )
 
@@ -143,11 +143,13 @@ def start_gateway_stack(
     engine_key: str | None = None,
     root: Path | None = None,
     timeout: float = 60.0,
+    edit: Callable[[str, str], str] | None = None,
 ) -> GatewayStack:
     """Start the gateway for `review` in front of running engines; the caller must call stop().
 
     Runs exactly the rendered files (nginx.conf, run-nginx.sh, nginxlog-exporter.yml) and command lines
     (vllm-router, nginx-prometheus-exporter); only ports, paths and the engine URLs are the test's.
+    `edit(name, text)` changes a rendered file first: the benchmarks' variants of one setting, never a test.
     """
     root = root or Path(tempfile.mkdtemp(prefix="qwen-gateway-"))
     root.chmod(0o755)  # nginx's workers drop root (tests run as root): they must reach temp_dir below
@@ -155,14 +157,15 @@ def start_gateway_stack(
     config = Path(wiring.config_dir)
     config.mkdir(parents=True, exist_ok=True)
     for name, text in gateway.config_files(review, wiring).items():
-        (config / name).write_text(text)
+        (config / name).write_text(edit(name, text) if edit else text)
     if api_keys is not None:
         write_secret_volume(Path(wiring.api_keys_dir), api_keys)
     if engine_key is not None:
         write_secret_volume(Path(wiring.engine_key_file).parent, {"token": engine_key})
     # nginx's workers drop root when the tests run as root: let them use the temp directory.
-    Path(wiring.temp_dir).mkdir(parents=True, exist_ok=True)
-    Path(wiring.temp_dir).chmod(0o777)
+    for shared in (wiring.temp_dir, wiring.log_dir):  # the pod's emptyDirs are world-writable too
+        Path(shared).mkdir(parents=True, exist_ok=True)
+        Path(shared).chmod(0o777)
     logs = root / "logs"
     stack = GatewayStack(wiring=wiring, root=root, procs={})
     try:
@@ -208,9 +211,10 @@ def start_gateway(
     worker_urls: Sequence[str],
     api_keys: Mapping[str, str] | None = None,
     engine_key: str | None = None,
+    edit: Callable[[str, str], str] | None = None,
 ) -> Iterator[GatewayStack]:
     """Context-managed start_gateway_stack."""
-    stack = start_gateway_stack(review, worker_urls, api_keys, engine_key)
+    stack = start_gateway_stack(review, worker_urls, api_keys, engine_key, edit=edit)
     try:
         yield stack
     finally:

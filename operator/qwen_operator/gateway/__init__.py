@@ -5,7 +5,7 @@ One gateway pod runs four containers and no code of this project in the request 
                    in-flight cap, OpenAI routes only, unbuffered streaming, JSON access logs;
   vllm-router      on loopback: routing policy, Kubernetes discovery of the engine pods, retries before
                    the first byte, circuit breaker, health checks, bounded admission queue;
-  log exporter     prometheus-nginxlog-exporter turns the access log (loopback syslog) into per-key
+  log exporter     prometheus-nginxlog-exporter turns the access log (a file it tails) into per-key
                    request, error, throttle and latency metrics;
   nginx exporter   nginx-prometheus-exporter: connections and in-flight requests from stub_status.
 
@@ -17,11 +17,12 @@ is built in `qwen_operator.manifests.gateway` from one `GatewayConfig`.
 from .config import GatewayConfig, config_files
 from .exporters import LATENCY_BUCKETS, LOG_METRICS_NAMESPACE, log_exporter_config, nginx_exporter_args
 from .limits import Limits
-from .nginx import OPENAI_ROUTES, nginx_conf, run_nginx_script
+from .nginx import ACCESS_LOG_SIZE_LIMIT, OPENAI_ROUTES, nginx_conf, run_nginx_script
 from .router import balance_abs_threshold, router_args, router_env
 from .wiring import GATEWAY_METRICS_PORTS, POD, SERVICE_ACCOUNT_DIR, Wiring
 
 __all__ = [
+    "ACCESS_LOG_SIZE_LIMIT",
     "GATEWAY_METRICS_PORTS",
     "LATENCY_BUCKETS",
     "LOG_METRICS_NAMESPACE",

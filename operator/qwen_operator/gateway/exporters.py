@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import yaml
 
-from .nginx import SYSLOG_TAG
 from .wiring import Wiring
 
 #: Prefix of the per-key metrics made from the access log.
@@ -25,13 +24,8 @@ def log_exporter_config(wiring: Wiring) -> str:
             {
                 "name": LOG_METRICS_NAMESPACE,
                 "parser": "json",
-                "source": {
-                    "syslog": {
-                        "listen_address": f"udp://127.0.0.1:{wiring.syslog_port}",
-                        "format": "rfc3164",
-                        "tags": [SYSLOG_TAG],
-                    }
-                },
+                # Tailed (polled every 250 ms, reopened when run-nginx.sh rotates it).
+                "source": {"files": [wiring.access_log]},
                 # Bounded label values: key ids come from the Secret, routes and errors from nginx maps.
                 "relabel_configs": [
                     {"target_label": "key_id", "from": "key_id"},

@@ -22,8 +22,13 @@ from .wiring import POD, Wiring
 
 #: Routes clients may call; everything else (engine admin routes included) gets a JSON 404.
 OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
-#: Tag of the access-log lines sent to the log exporter over loopback syslog.
-SYSLOG_TAG = "qwen_gateway"
+#: Access-log writes: a block of lines at a time, never held longer than the flush time.
+LOG_BUFFER = "16k"
+LOG_FLUSH = "1s"
+#: run-nginx.sh rotates the exporter's access log above this size (one old file kept until the next).
+ACCESS_LOG_ROTATE_BYTES = 32 * 1024 * 1024
+#: sizeLimit of its emptyDir: two files of that size and what one check interval adds.
+ACCESS_LOG_SIZE_LIMIT = "96Mi"
 MAX_BODY = "16m"
 #: MAX_BODY for people, in the 413 error.
 MAX_BODY_TEXT = "16 MiB"
@@ -70,7 +75,9 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
         "routes": OPENAI_ROUTES,
         "max_body": MAX_BODY,
         "body_buffer": BODY_BUFFER,
-        "syslog_tag": SYSLOG_TAG,
+        "log_buffer": LOG_BUFFER,
+        "log_flush": LOG_FLUSH,
+        "log_rotate_bytes": ACCESS_LOG_ROTATE_BYTES,
         "reload_interval": RELOAD_INTERVAL_SECONDS,
         "session_buckets": SESSION_BUCKETS,
         "session_bucket_percent": f"{100 / SESSION_BUCKETS:g}",

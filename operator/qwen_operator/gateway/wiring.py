@@ -23,7 +23,6 @@ class Wiring:
     router_host: str = "127.0.0.1"
     router_port: int = 8090
     router_metrics_port: int = 29000
-    syslog_port: int = 5531
     log_metrics_port: int = 4040
     nginx_metrics_port: int = 9113
     config_dir: str = "/etc/qwen-gateway"
@@ -31,8 +30,15 @@ class Wiring:
     engine_key_file: str = "/var/run/secrets/qwen-gateway/engine-key/token"
     state_dir: str = "/var/run/qwen-gateway"
     temp_dir: str = "/tmp/nginx"
+    #: nginx writes the log exporter's copy of the access log here; the exporter tails it.
+    log_dir: str = "/var/log/qwen-gateway"
     #: Engines to route to; empty means Kubernetes discovery of the engine pods (the in-cluster case).
     worker_urls: tuple[str, ...] = ()
+
+    @property
+    def access_log(self) -> str:
+        """The access log the log exporter reads (rotated by run-nginx.sh)."""
+        return f"{self.log_dir}/access.log"
 
     @property
     def engine_key_dir(self) -> str:

@@ -13,7 +13,13 @@ from typing import Any
 from .. import names, versions
 from ..api.drains import gateway_grace_seconds
 from ..api.review import Review
-from ..gateway import GATEWAY_METRICS_PORTS, SERVICE_ACCOUNT_DIR, GatewayConfig, router_env
+from ..gateway import (
+    ACCESS_LOG_SIZE_LIMIT,
+    GATEWAY_METRICS_PORTS,
+    SERVICE_ACCOUNT_DIR,
+    GatewayConfig,
+    router_env,
+)
 from ..gateway.config import LOG_EXPORTER_CONF, RUN_NGINX
 from .meta import metadata
 
@@ -50,6 +56,7 @@ def _nginx_container(review: Review, config: GatewayConfig) -> dict[str, Any]:
         {"name": "config", "mountPath": w.config_dir, "readOnly": True},
         {"name": "state", "mountPath": w.state_dir},
         {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "access-log", "mountPath": w.log_dir},
     ]
     if names.api_keys_secret(review.resource):
         mounts.append({"name": "api-keys", "mountPath": w.api_keys_dir, "readOnly": True})
@@ -133,7 +140,10 @@ def _exporter_containers(config: GatewayConfig) -> list[dict[str, Any]]:
             "livenessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, **probe},
             "resources": _resources("20m", "32Mi", "256Mi"),
             "securityContext": _restricted(),
-            "volumeMounts": [{"name": "config", "mountPath": w.config_dir, "readOnly": True}],
+            "volumeMounts": [
+                {"name": "config", "mountPath": w.config_dir, "readOnly": True},
+                {"name": "access-log", "mountPath": w.log_dir, "readOnly": True},
+            ],
         },
         {
             "name": "nginx-exporter",
@@ -153,6 +163,9 @@ def _volumes(review: Review, config: GatewayConfig) -> list[dict[str, Any]]:
         {"name": "config", "configMap": {"name": names.gateway(qd), "defaultMode": 0o444}},
         {"name": "state", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+        # The exporter's access log: at most two files of ACCESS_LOG_ROTATE_BYTES and what one check
+        # interval adds.
+        {"name": "access-log", "emptyDir": {"sizeLimit": ACCESS_LOG_SIZE_LIMIT}},
         {
             "name": "kube-api-access",
             "projected": {

@@ -1,0 +1,205 @@
+"""Where the gateway's time goes: the gateway as rendered against the same gateway with one setting changed,
+one variant at a time, plus vllm-router alone and direct engine access, on simulated engines
+(llm-d-inference-sim with the cited H100 timings: they hardly use the CPU, so the proxies' own cost
+shows alone).
+
+Each variant starts its own gateway from the rendered files with one edit (VARIANTS below); rounds are
+interleaved (every variant once per concurrency level, the order rotating), throughput and TTFT are
+given as ratios to the gateway as rendered, and the CPU time of each of the gateway's processes (nginx's
+master and workers, vllm-router, the log exporter, the stub_status exporter) per finished request is read
+from /proc around each run: on a busy node that CPU is what the gateway takes from everything else.
+docs/gateway.md ("What the gateway costs") has the table of a run.
+
+Not a pass/fail test. Usage: .venv/bin/python bench/gateway_profile_bench.py [--quick] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import re
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway_bench import API_KEY, SERVED, _chat_body, _cr, _nginx_headers, _round_robin
+
+from qwen_devtools.net import LOOPBACK, metric_sum
+from qwen_devtools.procs import tree_cpu_seconds
+from qwen_devtools.realparts.compare import THROUGHPUT, Comparison, repeat_rounds, ttft_ms, write_report
+from qwen_devtools.realparts.gateway import GatewayStack, start_gateway
+from qwen_devtools.realparts.load import Target, closed_loop
+from qwen_devtools.realparts.sim import H100_32B, SIM_VERSION, start_sims
+from qwen_operator.api.review import review
+from qwen_operator.versions import VLLM_ROUTER
+
+SCENARIO = "gateway profile"
+STREAMS = (16, 64)
+MAX_NUM_SEQS = 32
+
+#: (file name, text) -> text: one change of the rendered gateway.
+Edit = Callable[[str, str], str]
+
+
+def _nginx(pattern: str, repl: str) -> Edit:
+    """A substitution in nginx.conf only; it must match."""
+
+    def edit(name: str, text: str) -> str:
+        if name != "nginx.conf":
+            return text
+        new, count = re.subn(pattern, repl, text, flags=re.M)
+        assert count, pattern
+        return new
+
+    return edit
+
+
+def _syslog_feed(name: str, text: str) -> str:
+    """How the access log reached the exporter before: one syslog datagram per request over loopback."""
+    syslog = f"{LOOPBACK}:{_SYSLOG_PORT}"
+    if name == "nginx.conf":
+        line = f"access_log syslog:server={syslog},tag=qwen_gateway gateway;"
+        return re.sub(r"access_log \S+/access\.log gateway .*;", line, text)
+    if name == "nginxlog-exporter.yml":
+        indent = " " * 8
+        source = f"syslog:\n{indent}listen_address: udp://{syslog}\n{indent}format: rfc3164\n"
+        source += f"{indent}tags:\n{indent}- qwen_gateway\n"
+        return re.sub(r"files:\n\s+- \S+\n", source, text)
+    return text
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+_SYSLOG_PORT = _free_udp_port()
+
+#: Each a gateway as rendered but for one change (None: as rendered).
+VARIANTS: dict[str, Edit | None] = {
+    "gateway": None,
+    "unbuffered stdout log": _nginx(r"(access_log /dev/stdout gateway) buffer=\S+ flush=\S+;", r"\1;"),
+    "syslog feed": _syslog_feed,
+    "no access logs": _nginx(r"^(\s*)access_log (/|syslog).*$", r"\1access_log off;"),
+    "1 nginx worker": _nginx(r"^worker_processes \d+;", "worker_processes 1;"),
+    "no body maps": _nginx(r"map \$request_body \$(\w+) \{", r"map $request_id $\1 {"),
+    "no upstream keepalive": _nginx(r"^\s*keepalive(_timeout)? .*$", ""),
+    "no key check, no limits": lambda n, t: _nginx(r"^\s*(limit_req|limit_conn) .*$", "")(
+        n, re.sub(r'if \(\$key_id = ""\) \{.*?\}\n', "", t, flags=re.S)
+    ),
+}
+
+
+@contextlib.contextmanager
+def _gateways(urls: Sequence[str]) -> Iterator[dict[str, GatewayStack]]:
+    rev = review(_cr())
+    with contextlib.ExitStack() as stack:
+        yield {
+            name: stack.enter_context(start_gateway(rev, urls, {"bench": API_KEY}, edit=edit))
+            for name, edit in VARIANTS.items()
+        }
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    started = time.monotonic()
+    logs = Path(tempfile.mkdtemp(prefix="qwen-gateway-profile-"))
+    with (
+        start_sims(2, 4096, MAX_NUM_SEQS, 4096, H100_32B, logs) as sims,
+        _gateways([s.url for s in sims]) as stacks,
+    ):
+        urls = [s.url for s in sims]
+        auth = {"Authorization": f"Bearer {API_KEY}"}
+        targets: dict[str, Target] = {n: _round_robin([s.url], lambda: dict(auth)) for n, s in stacks.items()}
+        targets["vllm-router"] = _round_robin([stacks["gateway"].router_url], _nginx_headers)
+        targets["direct"] = _round_robin(urls)
+        procs = {n: dict(s.procs) for n, s in stacks.items()}
+        procs["vllm-router"] = {"router": stacks["gateway"].procs["router"]}
+        procs["direct"] = {}
+        names = list(targets)
+        measures = [ttft_ms(50, "streamed TTFT"), THROUGHPUT]
+        comparisons = {n: Comparison(f"{n} streams (sim)", names, measures) for n in STREAMS}
+        cpu = {n: dict.fromkeys(procs[n], 0.0) for n in names}
+        finished = dict.fromkeys(names, 0)
+        served = {n: [0.0] * len(urls) for n in names}
+        body = _chat_body(None)
+
+        def counts() -> list[float]:
+            return [metric_sum(f"{url}/metrics", SERVED) for url in urls]
+
+        async def one_round(round_no: int) -> None:
+            order = names[round_no % len(names) :] + names[: round_no % len(names)]
+            for streams in STREAMS:
+                for name in order:
+                    before, cpu_before = (
+                        counts(),
+                        {p: tree_cpu_seconds(q.pid) for p, q in procs[name].items()},
+                    )
+                    run = await closed_loop(targets[name], body, streams, args.seconds, ramp=args.ramp)
+                    for p, q in procs[name].items():
+                        cpu[name][p] += tree_cpu_seconds(q.pid) - cpu_before[p]
+                    served[name] = [t + a - b for t, a, b in zip(served[name], counts(), before, strict=True)]
+                    finished[name] += len(run.ok())
+                    comparisons[streams].record(name, run)
+
+        for name in names:
+            await closed_loop(targets[name], body, 4, 1.0)
+        why = await repeat_rounds(
+            one_round, list(comparisons.values()), args.min_rounds, args.max_rounds, args.budget
+        )
+    rows = []
+    for name in names:
+        per_request = {p: s * 1000 / max(1, finished[name]) for p, s in cpu[name].items()}
+        for p, ms in [*per_request.items(), ("all", sum(per_request.values()))]:
+            rows.append(
+                {"measure": f"CPU per request: {p}", "variant": name, "value": round(ms, 3), "unit": "ms",
+                 "baseline": None, "ratio": None, "spread": None}
+            )  # fmt: skip
+    notes = [
+        f"2 llm-d-inference-sim {SIM_VERSION} replicas, maxNumSeqs {MAX_NUM_SEQS}; {H100_32B.cite()}",
+        f"gateway: nginx + vllm-router {VLLM_ROUTER} as rendered (default policy, API key); every other "
+        "gateway variant differs from it by one change; vllm-router: alone, sent nginx's two headers",
+        f"{why}; requests finished per engine: "
+        + "; ".join(f"{n} {'/'.join(str(int(c)) for c in v)}" for n, v in served.items()),
+    ]
+    for comparison in comparisons.values():
+        comparison.print()
+    print("\n   CPU ms per finished request (16 and 64 streams together)")
+    for name in names:
+        parts = [
+            f"{r['measure'].removeprefix('CPU per request: ')} {r['value']}"
+            for r in rows
+            if r["variant"] == name
+        ]
+        print(f"   {name:28} {', '.join(parts)}")
+    for note in notes:
+        print("   -", note)
+    title = "Gateway profile: one setting at a time"
+    seconds = time.monotonic() - started
+    report = write_report(None, SCENARIO, title, seconds, list(comparisons.values()), notes)
+    report["rows"] += rows
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run (about two minutes)")
+    parser.add_argument("--json", type=Path, help="write the scenario's JSON (bench suite contract) here")
+    args = parser.parse_args()
+    args.seconds = 2.0 if args.quick else 4.0
+    args.ramp = 0.5
+    args.min_rounds, args.max_rounds = (1, 1) if args.quick else (2, 4)
+    args.budget = 60.0 if args.quick else 400.0
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()

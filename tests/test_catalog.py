@@ -20,6 +20,7 @@ from qwen_operator.api.engine import command_line
 from qwen_operator.api.plan import make_plan
 from qwen_operator.api.review import review
 from qwen_operator.manifests import build_all
+from qwen_operator.manifests.engine import cache_size_limit
 from support import run_cli
 from test_plan import errors_at, plan_for, warnings_at
 
@@ -279,3 +280,13 @@ def test_a_small_draft_model_is_a_catalog_model() -> None:
     assert plan.weights_bytes_per_gpu == (65_530_000_000 + 2_032_207_872) // 2
     assert plan.draft_kv_bytes_per_token == 2 * 28 * 8 * 128 * 2
     assert plan.fits and not warnings_at(plan, "spec.engine.speculative.model")
+
+
+def test_the_model_cache_holds_the_files_not_the_gpu_weights() -> None:
+    # online FP8 of the bf16 32B: 34.35 GB on the GPUs, 65.53 GB downloaded: ceil(65.53e9 x 1.2 / 2^30)
+    # = ceil(73.24) = 74Gi (it was 39Gi, the FP8 weights plus 20%, which the download would overflow)
+    body = _typical("Qwen/Qwen3-32B")
+    body["spec"]["engine"] = {"quantization": "fp8_per_block"}
+    assert cache_size_limit(review(body)) == "74Gi"
+    # Qwen3-0.6B: 1.19 GB on the GPU, its 1.50 GB file cached: ceil(1,503,264,768 x 1.2 / 2^30) = 2Gi
+    assert cache_size_limit(review(_typical("Qwen/Qwen3-0.6B"))) == "2Gi"

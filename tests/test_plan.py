@@ -78,8 +78,9 @@ def test_kv_bytes_per_token_bf16_and_fp8() -> None:
     assert 32 * GIB == 131_072 * 262_144
 
 
-def test_all_three_checkpoints_share_the_architecture() -> None:
-    for model in MODELS.values():
+def test_the_three_32b_checkpoints_share_the_architecture() -> None:
+    for name in ("Qwen/Qwen3-32B", "Qwen/Qwen3-32B-FP8", "Qwen/Qwen3-32B-AWQ"):
+        model = MODELS[name]
         assert (model.num_layers, model.num_attention_heads, model.num_kv_heads, model.head_dim) == (
             64,
             64,
@@ -289,8 +290,12 @@ def test_pipeline_parallelism_splits_weights_and_layers() -> None:
 
 def test_draft_model_weights_count() -> None:
     plan = plan_for(engine={"speculative": {"method": "draft_model", "model": "Qwen/Qwen3-0.6B"}})
-    # (65,530,000,000 + 1,500,000,000) / 2 = 33,515,000,000 B per GPU
-    assert plan.weights_bytes_per_gpu == 33_515_000_000
+    # Qwen3-0.6B ties lm_head to embed_tokens: vLLM holds 596,049,920 parameters x 2 B = 1,192,099,840 B
+    # (its 1.5 GB file also stores lm_head.weight, which vLLM does not keep):
+    # (65,530,000,000 + 1,192,099,840) / 2 = 33,361,049,920 B per GPU
+    assert plan.weights_bytes_per_gpu == 33_361_049_920
+    # the model cache holds both checkpoints' files: 65,530,000,000 + 1,503,264,768
+    assert plan.download_bytes == 67_033_264_768
     assert plan.fits and plan.warnings == []
 
 
@@ -308,11 +313,11 @@ def test_draft_model_kv_cache_shares_the_pool(draft: str, layers: int, kib: int)
 
 def test_draft_model_kv_cache_lowers_the_tokens() -> None:
     plan = plan_for(engine={"speculative": {"method": "draft_model", "model": "Qwen/Qwen3-0.6B"}})
-    # budget: 76,478,335,155 - 33,515,000,000 - 3,148,043,632 (runtime at TP 2, 256 seqs: the forward
-    # 964,755,456 is still the peak) = 39,815,291,523 B; tokens = x 2 / (262,144 + 114,688)
-    # = 211,320 -> 211,312 (blocks), 6 full 32K requests instead of 9 without the draft
-    assert plan.kv_budget_bytes_per_gpu == 39_815_291_523
-    assert plan.kv_tokens_per_replica == 211_312
+    # budget: 76,478,335,155 - 33,361,049,920 - 3,148,043,632 (runtime at TP 2, 256 seqs: the forward
+    # 964,755,456 is still the peak) = 39,969,241,603 B; tokens = x 2 / (262,144 + 114,688)
+    # = 212,136.6 -> 212,128 (blocks), 6 full 32K requests instead of 9 without the draft
+    assert plan.kv_budget_bytes_per_gpu == 39_969_241_603
+    assert plan.kv_tokens_per_replica == 212_128
     assert plan.max_concurrent_at_max_model_len == 6
 
 
@@ -363,13 +368,14 @@ def test_ngram_needs_no_memory() -> None:
 
 
 def test_activation_per_batched_token_is_the_measured_one() -> None:
-    # tools/measure/activation_peak.out.txt: steady-state transient peak per token at TP 1, 2, 4
-    measured = {1: 184_328, 2: 117_768, 4: 79_368}
+    # tools/measure/activation_peak.out.txt: steady-state transient peak per token at TP 1, 2, 4;
+    # activation_peak.family.out.txt: TP 8 (the form 6 x 25,600 / 8 + 40,968 the TP 2 and 4 figures
+    # take, which the catalog used before it was measured) and TP 16
+    model = MODELS["Qwen/Qwen3-32B"]
+    measured = {1: 184_328, 2: 117_768, 4: 79_368, 8: 60_168, 16: 50_568}
     for tp, per_token in measured.items():
-        assert activation_bytes_per_token(tp) == per_token
-    # TP 8 (not measured): 6 x 25,600 / 8 + 40,968, the form of the TP 2 and TP 4 figures
-    assert measured[2] == 6 * 25_600 // 2 + 40_968 and measured[4] == 6 * 25_600 // 4 + 40_968
-    assert activation_bytes_per_token(8) == 60_168
+        assert activation_bytes_per_token(model, tp) == per_token
+    assert measured[8] == 6 * 25_600 // 8 + 40_968
 
 
 def test_runtime_grows_with_max_num_batched_tokens() -> None:
@@ -447,19 +453,57 @@ def test_default_batch_has_a_short_step_and_no_warning() -> None:
 # --- tensor parallelism against the head counts ----------------------------------------------------
 
 
-@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("tp", [1, 2, 4, 8, 16])
 def test_valid_tensor_parallel_sizes(tp: int) -> None:
-    plan = plan_for(gpu={"type": "H100-80GB"}, parallelism={"tensor": tp})
+    plan = plan_for(gpu={"type": "H100-80GB", "gpusPerNode": 16}, parallelism={"tensor": tp})
     assert not errors_at(plan, "spec.parallelism.tensor")
 
 
-@pytest.mark.parametrize("tp", [3, 5, 6, 7, 16])
+@pytest.mark.parametrize("tp", [3, 5, 6, 7, 12])
 def test_invalid_tensor_parallel_sizes(tp: int) -> None:
     plan = plan_for(gpu={"type": "H100-80GB", "gpusPerNode": 16}, parallelism={"tensor": tp})
     (message,) = errors_at(plan, "spec.parallelism.tensor")
-    assert f"tensor parallel size {tp} must divide the model's 64 attention heads and 8 KV heads" in message
-    assert message.endswith("valid sizes: 1, 2, 4, 8")
+    assert (
+        f"tensor parallel size {tp} does not fit Qwen/Qwen3-32B: it must divide the 64 attention heads"
+        in message
+    )
+    assert message.endswith("valid sizes: 1, 2, 4, 8, 16")
     assert plan.kv_tokens_per_replica == 0  # no memory plan for an impossible layout
+
+
+def test_tp16_replicates_the_kv_heads() -> None:
+    """vLLM 0.32 accepts TP 16 for 8 KV heads (QKVParallelLinear: tp a multiple of the KV heads): each
+    GPU holds one KV head, each head on 2 GPUs, so the KV cache is split 8 ways, not 16."""
+    plan = plan_for(gpu={"type": "H100-80GB", "gpusPerNode": 16}, parallelism={"tensor": 16})
+    # weights 65,530,000,000 / 16 = 4,095,625,000 B; runtime: forward 8,192 x 50,568 (measured at TP 16)
+    # = 414,253,056 B < the sampler's 631,147,397 B (256 rows), workspaces and sampler buffer 114,825,216,
+    # non-torch 71,303,168, CUDA graphs 1,997,159,792; budget 76,449,344,126 - 4,095,625,000
+    # - 2,814,435,573 = 69,539,283,553 B per GPU; tokens = x 8 KV shards / 262,144 = 2,122,170 -> 2,122,160
+    assert plan.fits and plan.weights_bytes_per_gpu == 4_095_625_000
+    assert plan.kv_budget_bytes_per_gpu == 69_539_283_553
+    assert plan.kv_tokens_per_replica == 2_122_160
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "valid"),
+    [
+        # FP8 checkpoints: 128 x 128 weight blocks; each GPU's slice of intermediate_size must hold whole
+        # blocks (fp8_utils.py validate_fp8_block_shape): 25,600 / 16 = 1,600 is 12.5 blocks
+        ("Qwen/Qwen3-32B-FP8", 16, "1, 2, 4, 8"),
+        # AWQ through Marlin: input slices of 128 (marlin_utils.py, min_thread_k): 1,600 again
+        ("Qwen/Qwen3-32B-AWQ", 16, "1, 2, 4, 8"),
+        # Qwen3-4B: 9,728 / 8 = 1,216 is 9.5 blocks
+        ("Qwen/Qwen3-4B-FP8", 8, "1, 2, 4"),
+        ("Qwen/Qwen3-4B-AWQ", 8, "1, 2, 4"),
+    ],
+)
+def test_quantized_checkpoints_need_whole_blocks_per_gpu(model: str, tp: int, valid: str) -> None:
+    plan = plan_for(
+        model={"name": model}, gpu={"type": "H100-80GB", "gpusPerNode": 16}, parallelism={"tensor": tp}
+    )
+    (message,) = errors_at(plan, "spec.parallelism.tensor")
+    assert "must be a multiple of the checkpoint's 128-wide quantization blocks" in message
+    assert message.endswith(f"valid sizes: {valid}")
 
 
 def test_replica_must_fit_on_one_node() -> None:
@@ -486,7 +530,7 @@ def test_replica_must_fit_on_one_node() -> None:
     ],
 )
 def test_yarn_factor_is_the_smallest_that_covers(length: int, factor: float | None) -> None:
-    yarn = yarn_for(length)
+    yarn = yarn_for(length, MODELS["Qwen/Qwen3-32B"])
     assert (yarn.factor if yarn else None) == factor
     if yarn:
         assert yarn.original_max_position_embeddings == 32_768
@@ -629,7 +673,8 @@ def test_gptq_without_a_declared_checkpoint_says_how_to_declare_one(method: str)
 def test_unknown_model_is_refused_before_anything_else() -> None:
     plan = plan_for(model={"name": "Qwen/Qwen3-32B-Instruct"}, parallelism={"tensor": 3})
     (message,) = errors_at(plan, "spec.model.name")
-    assert "supported: Qwen/Qwen3-32B, Qwen/Qwen3-32B-FP8, Qwen/Qwen3-32B-AWQ" in message
+    assert "supported: Qwen/Qwen3-0.6B, Qwen/Qwen3-0.6B-FP8, Qwen/Qwen3-1.7B" in message
+    assert "Qwen/Qwen3-32B, Qwen/Qwen3-32B-FP8, Qwen/Qwen3-32B-AWQ" in message
     assert "declare a community Qwen3-32B checkpoint in spec.model.checkpoint" in message
     assert len(plan.errors) == 1
 

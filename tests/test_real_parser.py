@@ -68,6 +68,18 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "speculative": {"method": "draft_model", "model": "Qwen/Qwen3-0.6B", "numSpeculativeTokens": 3}
         },
     ),
+    # the smaller Qwen3 sizes: one GPU by default, YaRN where Qwen documents it, AWQ at TP 2
+    "qwen3-8b-tp1": _variant("a100-80gb-tp2-bf16", model={"name": "Qwen/Qwen3-8B"}),
+    "qwen3-4b-yarn": _variant(
+        "a100-80gb-tp2-bf16", model={"name": "Qwen/Qwen3-4B"}, engine={"maxModelLen": 65_536}
+    ),
+    "qwen3-14b-awq-tp2": _variant(
+        "l40s-48gb-tp1-awq", model={"name": "Qwen/Qwen3-14B-AWQ"}, parallelism={"tensor": 2}
+    ),
+    # TP 16 over 8 KV heads: each KV head on two GPUs (vLLM accepts it; so does the planner)
+    "qwen3-32b-tp16": _variant(
+        "a100-80gb-tp2-bf16", gpu={"gpusPerNode": 16}, parallelism={"tensor": 16}
+    ),
     "eagle3": _variant(
         "h100-80gb-tp2-fp8-128k",
         engine={"speculative": {"method": "eagle3", "model": "org/qwen3-32b-eagle3"}},
@@ -104,6 +116,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     ),
 }  # fmt: skip
 del VARIANTS["awq-default-quantization"]["spec"]["engine"]["quantization"]
+for _name in ("qwen3-8b-tp1", "qwen3-4b-yarn"):  # tensor parallel size unset: the model's default, 1
+    del VARIANTS[_name]["spec"]["parallelism"]
 
 #: Resources the planner refuses, rendered anyway: vLLM's own configuration must refuse them too.
 REFUSED_BY_BOTH: dict[str, tuple[dict[str, Any], str]] = {
@@ -118,6 +132,15 @@ REFUSED_BY_BOTH: dict[str, tuple[dict[str, Any], str]] = {
     "budget-below-max-num-seqs": (
         _variant("a100-80gb-tp2-bf16", engine={"maxNumSeqs": 512, "maxNumBatchedTokens": 256}),
         "max_num_seqs",
+    ),
+    "qwen3-14b-tp16": (
+        _variant(
+            "a100-80gb-tp2-bf16",
+            model={"name": "Qwen/Qwen3-14B"},
+            gpu={"gpusPerNode": 16},
+            parallelism={"tensor": 16},
+        ),
+        "divisible by tensor parallel size",
     ),
     "context-over-131072": (
         _variant("h100-80gb-tp2-fp8-128k", engine={"maxModelLen": 262_144}),

@@ -58,6 +58,28 @@ QWEN3_32B_CONFIG: dict[str, Any] = {
     "use_sliding_window": False,
     "vocab_size": 151936,
 }
+AWQ_CONFIG = {
+    "bits": 4,
+    "group_size": 128,
+    "modules_to_not_convert": None,
+    "quant_method": "awq",
+    "version": "gemm",
+    "zero_point": True,
+}
+
+
+def qwen3_config(hidden: int, intermediate: int, layers: int, heads: int, tied: bool) -> dict[str, Any]:
+    """config.json of a smaller Qwen3 size: the 32B's with its shape (api/catalog.py SHAPES)."""
+    return QWEN3_32B_CONFIG | {
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "max_window_layers": layers,
+        "num_attention_heads": heads,
+        "tie_word_embeddings": tied,
+    }
+
+
 #: config.json of each checkpoint: the bf16 one plus the published quantization_config.
 CHECKPOINTS: dict[str, dict[str, Any]] = {
     "Qwen/Qwen3-32B": QWEN3_32B_CONFIG,
@@ -70,30 +92,15 @@ CHECKPOINTS: dict[str, dict[str, Any]] = {
             "weight_block_size": [128, 128],
         }
     },
-    "Qwen/Qwen3-32B-AWQ": QWEN3_32B_CONFIG
-    | {
-        "torch_dtype": "float16",
-        "quantization_config": {
-            "bits": 4,
-            "group_size": 128,
-            "modules_to_not_convert": None,
-            "quant_method": "awq",
-            "version": "gemm",
-            "zero_point": True,
-        },
-    },
+    "Qwen/Qwen3-32B-AWQ": QWEN3_32B_CONFIG | {"torch_dtype": "float16", "quantization_config": AWQ_CONFIG},
     # a draft model for speculative decoding (same tokenizer and vocabulary)
-    "Qwen/Qwen3-0.6B": QWEN3_32B_CONFIG
-    | {
-        "head_dim": 128,
-        "hidden_size": 1024,
-        "intermediate_size": 3072,
-        "max_window_layers": 28,
-        "num_attention_heads": 16,
-        "num_hidden_layers": 28,
-        "num_key_value_heads": 8,
-        "tie_word_embeddings": True,
-    },
+    "Qwen/Qwen3-0.6B": qwen3_config(1024, 3072, 28, 16, tied=True),
+    # the smaller sizes served on their own
+    "Qwen/Qwen3-4B": qwen3_config(2560, 9728, 36, 32, tied=True),
+    "Qwen/Qwen3-8B": qwen3_config(4096, 12288, 36, 32, tied=False),
+    "Qwen/Qwen3-14B": qwen3_config(5120, 17408, 40, 40, tied=False),
+    "Qwen/Qwen3-14B-AWQ": qwen3_config(5120, 17408, 40, 40, tied=False)
+    | {"torch_dtype": "float16", "quantization_config": AWQ_CONFIG},
 }
 SPECIAL_TOKENS = [
     "<|endoftext|>",

@@ -1,11 +1,11 @@
 # ruff: noqa: B007, B023, F821  (loop-local lambdas run at once; kept as run for the raw output beside it)
-"""Measure the memory vLLM's start-up profile run takes for Qwen3-32B, per GPU, at TP 1, 2 and 4.
+"""Measure the memory vLLM's start-up profile run takes for a Qwen3 shape, per GPU, by tensor parallel size.
 
 vLLM (0.32, gpu_worker.determine_available_memory) runs one dummy forward of max_num_batched_tokens
 tokens and a dummy sampler pass of max_num_seqs rows, and takes the torch peak above what stays
 allocated afterwards ("transient peak headroom") out of the KV cache budget. This script rebuilds
-that pass for one tensor-parallel shard of the real shapes (hidden 5120, 64 q / 8 kv heads of 128,
-intermediate 25600, vocabulary 151936, bf16, random weights) in plain PyTorch on one GPU:
+that pass for one tensor-parallel shard of a real shape (Qwen3-32B by default: hidden 5120, 64 q / 8 kv
+heads of 128, intermediate 25600, vocabulary 151936, bf16, random weights) in plain PyTorch on one GPU:
 
 - forward: embedding shard, two decoder layers (activations are freed between layers, so the peak
   is one layer's), final norm, the lm_head on the last max_num_seqs rows. The ops follow vLLM's
@@ -13,25 +13,50 @@ intermediate 25600, vocabulary 151936, bf16, random weights) in plain PyTorch on
   tensor, out-of-place all-reduce outputs simulated with a copy at TP > 1). Attention is skipped as
   vLLM skips it in the profile run (attn_metadata is None: the output buffer is allocated only).
   Fused element-wise kernels are emulated in row chunks so no full-size fp32 temporary appears.
+  Above 8 KV heads per model, TP shards them; beyond, each GPU holds one replicated KV head, as vLLM's
+  QKVParallelLinear does.
 - sampler: logits gathered to the whole vocabulary, two passes as _dummy_sampler_run does (float32
   copy, temperature, softmax probabilities, exponential noise), plus the sort-based top-k/top-p
   fallback as an upper bound.
 - prefill time: one layer shard with real causal attention (SDPA), timed, for the achieved TFLOP/s.
 
-Run: python3 tools/measure/activation_peak.py > tools/measure/activation_peak.out.txt
+Run (the 32B's full measurement, as recorded):
+    python3 tools/measure/activation_peak.py > tools/measure/activation_peak.out.txt
+Every size of the catalog (operator/qwen_operator/api/catalog.py SHAPES), the forward only, at every
+tensor parallel size vLLM accepts for it up to 16:
+    python3 tools/measure/activation_peak.py --family > tools/measure/activation_peak.family.out.txt
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 5120, 64, 8, 128, 25600, 151936
+
+@dataclass(frozen=True)
+class Dims:
+    """The shapes the pass depends on (config.json names in the comments)."""
+
+    hidden: int  # hidden_size
+    heads: int  # num_attention_heads
+    kv_heads: int  # num_key_value_heads
+    head_dim: int
+    inter: int  # intermediate_size
+    vocab: int  # vocab_size
+
+
+QWEN3_32B = Dims(hidden=5120, heads=64, kv_heads=8, head_dim=128, inter=25600, vocab=151936)
+#: The 32B's dimensions as module names (runtime_terms.py imports them; main() measures the 32B).
+HIDDEN, HEADS, KV_HEADS = QWEN3_32B.hidden, QWEN3_32B.heads, QWEN3_32B.kv_heads
+HEAD_DIM, INTER, VOCAB = QWEN3_32B.head_dim, QWEN3_32B.inter, QWEN3_32B.vocab
 DT = torch.bfloat16
 DEV = "cuda"
 CHUNK = 1024  # rows per chunk for emulated fused element-wise kernels
@@ -61,11 +86,11 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def rope_(x: torch.Tensor, heads: int) -> None:
+def rope_(x: torch.Tensor, heads: int, head_dim: int = HEAD_DIM) -> None:
     """Neox-style rotary embedding in place (positions arbitrary: only memory matters)."""
     for i in range(0, x.shape[0], CHUNK):
-        v = x[i : i + CHUNK].view(-1, heads, HEAD_DIM)
-        a, b = v[..., : HEAD_DIM // 2], v[..., HEAD_DIM // 2 :]
+        v = x[i : i + CHUNK].view(-1, heads, head_dim)
+        a, b = v[..., : head_dim // 2], v[..., head_dim // 2 :]
         ra, rb = a * 0.5 - b * 0.5, b * 0.5 + a * 0.5
         a.copy_(ra)
         b.copy_(rb)
@@ -74,23 +99,25 @@ def rope_(x: torch.Tensor, heads: int) -> None:
 class Shard:
     """Weights of one TP shard: embedding, layers, final norm, lm_head."""
 
-    def __init__(self, tp: int, layers: int = 2) -> None:
-        self.tp = tp
-        self.q, self.kv = HEADS // tp, KV_HEADS // tp
+    def __init__(self, tp: int, layers: int = 2, dims: Dims = QWEN3_32B) -> None:
+        self.tp, self.d = tp, dims
+        hidden, hd, vocab = dims.hidden, dims.head_dim, dims.vocab
+        # Beyond the KV heads vLLM replicates them: one per GPU (QKVParallelLinear).
+        self.q, self.kv = dims.heads // tp, max(1, dims.kv_heads // tp)
         r = lambda *s: torch.randn(*s, dtype=DT, device=DEV) * 0.02  # noqa: E731
-        self.embed = r(VOCAB // tp, HIDDEN)
-        self.lm_head = r(VOCAB // tp, HIDDEN)
-        self.final_norm = torch.ones(HIDDEN, dtype=DT, device=DEV)
+        self.embed = r(vocab // tp, hidden)
+        self.lm_head = r(vocab // tp, hidden)
+        self.final_norm = torch.ones(hidden, dtype=DT, device=DEV)
         self.layers = [
             dict(
-                ln1=torch.ones(HIDDEN, dtype=DT, device=DEV),
-                ln2=torch.ones(HIDDEN, dtype=DT, device=DEV),
-                qkv=r((self.q + 2 * self.kv) * HEAD_DIM, HIDDEN),
-                qn=torch.ones(HEAD_DIM, dtype=DT, device=DEV),
-                kn=torch.ones(HEAD_DIM, dtype=DT, device=DEV),
-                o=r(HIDDEN, self.q * HEAD_DIM),
-                gate_up=r(2 * INTER // tp, HIDDEN),
-                down=r(HIDDEN, INTER // tp),
+                ln1=torch.ones(hidden, dtype=DT, device=DEV),
+                ln2=torch.ones(hidden, dtype=DT, device=DEV),
+                qkv=r((self.q + 2 * self.kv) * hd, hidden),
+                qn=torch.ones(hd, dtype=DT, device=DEV),
+                kn=torch.ones(hd, dtype=DT, device=DEV),
+                o=r(hidden, self.q * hd),
+                gate_up=r(2 * dims.inter // tp, hidden),
+                down=r(hidden, dims.inter // tp),
             )
             for _ in range(layers)
         ]
@@ -100,30 +127,26 @@ class Shard:
         return x.clone() if self.tp > 1 else x
 
     def attention(self, L: dict, x: torch.Tensor, real: bool) -> torch.Tensor:
-        n = x.shape[0]
+        n, hd = x.shape[0], self.d.head_dim
         qkv = x @ L["qkv"].T
-        q, k, v = qkv.split([self.q * HEAD_DIM, self.kv * HEAD_DIM, self.kv * HEAD_DIM], dim=-1)
+        q, k, v = qkv.split([self.q * hd, self.kv * hd, self.kv * hd], dim=-1)
         # Qwen3's per-head q/k RMSNorm: out-of-place on a per-head view of the fused qkv output.
-        q = rms_norm_into(
-            q.view(n, self.q, HEAD_DIM), L["qn"], torch.empty(n, self.q, HEAD_DIM, dtype=DT, device=DEV)
-        )
-        k = rms_norm_into(
-            k.view(n, self.kv, HEAD_DIM), L["kn"], torch.empty(n, self.kv, HEAD_DIM, dtype=DT, device=DEV)
-        )
+        q = rms_norm_into(q.view(n, self.q, hd), L["qn"], torch.empty(n, self.q, hd, dtype=DT, device=DEV))
+        k = rms_norm_into(k.view(n, self.kv, hd), L["kn"], torch.empty(n, self.kv, hd, dtype=DT, device=DEV))
         q, k = q.view(n, -1), k.view(n, -1)
-        rope_(q, self.q)
-        rope_(k, self.kv)
+        rope_(q, self.q, hd)
+        rope_(k, self.kv, hd)
         if real:
             group = self.q // self.kv  # GQA: repeat the KV heads so the flash kernel applies
-            kk = k.view(1, n, self.kv, HEAD_DIM).transpose(1, 2).repeat_interleave(group, dim=1)
-            vv = v.view(1, n, self.kv, HEAD_DIM).transpose(1, 2).repeat_interleave(group, dim=1)
+            kk = k.view(1, n, self.kv, hd).transpose(1, 2).repeat_interleave(group, dim=1)
+            vv = v.view(1, n, self.kv, hd).transpose(1, 2).repeat_interleave(group, dim=1)
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 o = F.scaled_dot_product_attention(
-                    q.view(1, n, self.q, HEAD_DIM).transpose(1, 2), kk, vv, is_causal=True
+                    q.view(1, n, self.q, hd).transpose(1, 2), kk, vv, is_causal=True
                 )
-            attn = o.transpose(1, 2).reshape(n, self.q * HEAD_DIM)
+            attn = o.transpose(1, 2).reshape(n, self.q * hd)
         else:  # profile run: attention backend returns its (allocated) output buffer untouched
-            attn = torch.empty(n, self.q * HEAD_DIM, dtype=DT, device=DEV)
+            attn = torch.empty(n, self.q * hd, dtype=DT, device=DEV)
         out = attn @ L["o"].T
         return self.all_reduce(out)
 
@@ -134,7 +157,8 @@ class Shard:
         return self.all_reduce(down)
 
     def forward(self, ids: torch.Tensor, real_attention: bool = False) -> torch.Tensor:
-        local = (ids % (VOCAB // self.tp)).clamp_(0, VOCAB // self.tp - 1)
+        shard_vocab = self.d.vocab // self.tp
+        local = (ids % shard_vocab).clamp_(0, shard_vocab - 1)
         hidden = self.all_reduce(F.embedding(local, self.embed))
         residual = None
         for L in self.layers:
@@ -278,5 +302,57 @@ def main() -> None:
     print("JSON", json.dumps(results))
 
 
+def valid_tensor_parallel_sizes(d: Dims, limit: int = 16) -> list[int]:
+    """vLLM 0.32's rule (config/model.py, model_executor/layers/linear.py): tp divides the attention
+    heads and the intermediate size, and the KV heads divide by tp or tp by them (replication)."""
+    kv_ok = lambda tp: d.kv_heads % tp == 0 if tp <= d.kv_heads else tp % d.kv_heads == 0  # noqa: E731
+    return [tp for tp in range(1, limit + 1) if d.heads % tp == 0 and d.inter % tp == 0 and kv_ok(tp)]
+
+
+def catalog_dims() -> dict[str, Dims]:
+    """Every size of the operator's catalog (the single source of the shapes)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "operator"))
+    from qwen_operator.api.catalog import SHAPES
+
+    return {
+        f"Qwen3-{s.size}": Dims(
+            hidden=s.hidden_size,
+            heads=s.num_attention_heads,
+            kv_heads=s.num_kv_heads,
+            head_dim=s.head_dim,
+            inter=s.intermediate_size,
+            vocab=s.vocab_size,
+        )
+        for s in SHAPES.values()
+    }
+
+
+def family() -> None:
+    """The forward's transient peak for every catalog size at every tensor parallel size vLLM accepts."""
+    print("device:", torch.cuda.get_device_name(), "torch", torch.__version__)
+    results: dict = {}
+    for name, d in catalog_dims().items():
+        print(f"{name}: {d}")
+        for tp in valid_tensor_parallel_sizes(d):
+            shard = Shard(tp, dims=d)
+            pts = []
+            for n in (8192, 32768, 131072):
+                ids = torch.randint(0, d.vocab, (n,), device=DEV)
+                peak = transient_peak(lambda: shard.forward(ids))
+                pts.append((n, peak))
+                print(
+                    f"forward {name} TP {tp:>2} N {n:>6}: transient peak {peak / GIB:7.3f} GiB = "
+                    f"{peak / n:10.1f} B/token"
+                )
+                del ids
+            results.setdefault(name, {})[tp] = pts
+            del shard
+            torch.cuda.empty_cache()
+    print("JSON", json.dumps(results))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
+    parser.add_argument("--family", action="store_true", help="every catalog size, the forward only")
+    sys.exit(family() if parser.parse_args().family else main())

@@ -13,7 +13,6 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from .catalog import CONFIG_MAX_POSITIONS
 from .plan import Plan
 from .spec import QwenDeploymentSpec
 
@@ -21,8 +20,6 @@ ENGINE_PORT = 8000
 #: What vllm/vllm-openai runs (its entrypoint); `python -m vllm.entrypoints.openai.api_server` is
 #: deprecated in 0.32. The model follows as the positional model tag.
 ENGINE_COMMAND = ("vllm", "serve")
-#: rope_theta of Qwen3-32B; restated because an hf_overrides dict replaces rope_parameters whole.
-QWEN3_ROPE_THETA = 1_000_000.0
 
 
 @dataclass(frozen=True)
@@ -76,8 +73,8 @@ OWNED_FLAGS: dict[str, Owned] = {
     "--spec-tokens": Owned("spec.engine.speculative"),
     "--hf-overrides": Owned(
         "spec.engine.maxModelLen",
-        f"the operator passes YaRN's rope scaling in it above {CONFIG_MAX_POSITIONS} tokens; other "
-        "overrides would change the model the capacity plan is made for",
+        "the operator passes YaRN's rope scaling in it above the config's max_position_embeddings; "
+        "other overrides would change the model the capacity plan is made for",
     ),
     "--reasoning-parser": Owned("spec.engine.reasoning"),
     "--enable-auto-tool-choice": Owned("spec.engine.toolCalling"),
@@ -298,7 +295,7 @@ def _yarn_overrides(plan: Plan) -> dict[str, Any]:
             "rope_type": "yarn",
             "factor": plan.yarn.factor,
             "original_max_position_embeddings": original,
-            "rope_theta": QWEN3_ROPE_THETA,
+            "rope_theta": plan.yarn.rope_theta,
         },
         # vLLM 0.32 takes a YaRN model's max_position_embeddings as already scaled (it is also its
         # limit for --max-model-len), and transformers checks it equals factor x original.

@@ -19,32 +19,22 @@ from dataclasses import dataclass, field
 from . import drains
 from .catalog import (
     COMPATIBLE_QUANTIZATION,
-    CONFIG_MAX_POSITIONS,
-    DRAFT_MODEL_BYTES,
-    DRAFT_MODEL_HEAD_DIM,
-    DRAFT_MODEL_KV_HEADS,
-    DRAFT_MODEL_LAYERS,
-    DRAFT_MODEL_MAX_POSITIONS,
     FP8_METHODS,
     GIB,
-    MAX_CONTEXT,
     MODELS,
     NATIVE_CONTEXT,
     ONLINE_FP8,
-    ONLINE_FP8_RATIO,
     GpuInfo,
     ModelInfo,
-    qwen3_32b_checkpoint,
+    checkpoint,
+    online_fp8_bytes,
+    same_size,
 )
 from .spec import QwenDeploymentSpec
 
 # --- Runtime memory per GPU besides weights and KV cache (docs/capacity-planning.md) ---------------
-#: Transient peak of vLLM's profile forward per batched token, per GPU, by tensor parallel size:
-#: measured for Qwen3-32B's shapes by tools/measure/activation_peak.py (raw output beside it). The peak
-#: is one layer's MLP: gate_up (2 x 25600/TP), SiluAndMul's output (25600/TP), the hidden and residual
-#: streams and, at TP > 1, the all-reduce output, in bf16. TP 8 is not measured: 6 x 25600/8 + 40,968,
-#: the form the TP 2 and TP 4 figures take.
-ACTIVATION_BYTES_PER_BATCHED_TOKEN = {1: 184_328, 2: 117_768, 4: 79_368, 8: 60_168}
+#: The transient peak of vLLM's profile forward per batched token is measured per model size and tensor
+#: parallel size (catalog.Shape.activation_bytes_per_token, tools/measure/activation_peak.py).
 #: The dummy sampler pass (v1/worker/gpu_model_runner.py, _dummy_sampler_run) over maxNumSeqs rows of
 #: the whole vocabulary: bf16 logits, their float32 copy, probabilities and exponential noise,
 #: measured 14.07 bytes per row per vocabulary entry, at every TP (logits are gathered first).
@@ -65,7 +55,8 @@ SAMPLER_BUFFER_SMS = 132
 NON_TORCH_BYTES = 68 * 2**20
 #: CUDA-graph memory vLLM estimates and takes out of the KV budget since 0.21
 #: (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1): the 1.86 GiB a vLLM 0.26 log shows for Qwen3-32B at
-#: TP 1 with the default capture sizes (largest 512). Zero with --enforce-eager.
+#: TP 1 with the default capture sizes (largest 512). Zero with --enforce-eager. Taken for every size:
+#: no log of a smaller one was found, and its graphs hold smaller activations (an overestimate there).
 CUDA_GRAPH_BYTES = int(1.86 * GIB)
 #: vLLM allocates the KV cache in blocks of 16 tokens.
 KV_BLOCK_TOKENS = 16
@@ -114,6 +105,7 @@ class Yarn:
 
     factor: float
     original_max_position_embeddings: int
+    rope_theta: float  # the model's, restated: an hf_overrides dict replaces rope_parameters whole
 
 
 @dataclass(frozen=True)
@@ -154,6 +146,7 @@ class Plan:
     kv_cache_dtype: str
     max_model_len: int
     weights_bytes_per_gpu: int = 0
+    download_bytes: int = 0  # the checkpoint files (and the draft's) the model cache holds
     kv_bytes_per_token: int = 0
     kv_budget_bytes_per_gpu: int = 0
     draft_kv_bytes_per_token: int = 0  # included in kv_bytes_per_token
@@ -196,6 +189,10 @@ def gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
+#: Tensor parallel size of a spec that leaves it unset and names no model the catalog knows.
+FALLBACK_TENSOR_PARALLEL = 2
+
+
 def make_plan(spec: QwenDeploymentSpec) -> Plan:
     """Validate the spec against the model and GPU catalogs and compute the capacity plan."""
     engine, par = spec.engine, spec.parallelism
@@ -203,9 +200,9 @@ def make_plan(spec: QwenDeploymentSpec) -> Plan:
     plan = Plan(
         model=spec.model.name,
         gpu=gpu.type,
-        tensor_parallel_size=par.tensor,
+        tensor_parallel_size=par.tensor or FALLBACK_TENSOR_PARALLEL,
         pipeline_parallel_size=par.pipeline,
-        gpus_per_replica=par.tensor * par.pipeline,
+        gpus_per_replica=(par.tensor or FALLBACK_TENSOR_PARALLEL) * par.pipeline,
         quantization=None,
         kv_cache_dtype=engine.kv_cache_dtype,
         max_model_len=engine.max_model_len,
@@ -216,9 +213,14 @@ def make_plan(spec: QwenDeploymentSpec) -> Plan:
     model = _model_of(plan, spec)
     if model is None:
         return plan
+    tp = par.tensor or model.default_tensor_parallel
+    plan.tensor_parallel_size, plan.gpus_per_replica = tp, tp * par.pipeline
+    plan.quantization = served_quantization(spec, model)
+    draft = _draft_of(spec)
+    plan.download_bytes = model.download_bytes + (draft.download_bytes if draft else 0)
     _check_parallelism(plan, spec, model)
     _check_quantization(plan, spec, model, gpu)
-    _check_context(plan, spec)
+    _check_context(plan, spec, model)
     _check_batching(plan, spec)
     _compute_memory(plan, spec, model, gpu)
     _check_prefill(plan, spec, model, gpu)
@@ -227,7 +229,7 @@ def make_plan(spec: QwenDeploymentSpec) -> Plan:
 
 
 def _model_of(plan: Plan, spec: QwenDeploymentSpec) -> ModelInfo | None:
-    """The catalog's model, or the community checkpoint the spec declares (same architecture)."""
+    """The catalog's model, or the community checkpoint the spec declares (Qwen3-32B's architecture)."""
     source = spec.model
     if source.checkpoint is None:
         model = MODELS.get(source.name)
@@ -245,8 +247,8 @@ def _model_of(plan: Plan, spec: QwenDeploymentSpec) -> ModelInfo | None:
         )
         return None
     stored = source.checkpoint.quantization
-    return qwen3_32b_checkpoint(
-        source.name, source.checkpoint.weight_bytes, None if stored == "bf16" else stored
+    return checkpoint(
+        source.name, "32B", source.checkpoint.weight_bytes, None if stored == "bf16" else stored
     )
 
 
@@ -261,15 +263,36 @@ def request_timeout_seconds(spec: QwenDeploymentSpec) -> int:
     return -(-int(seconds) // 60) * 60
 
 
+#: Most GPUs of a replica's tensor parallel group (spec.parallelism.tensor's maximum).
+MAX_TENSOR_PARALLEL = 16
+#: Block (FP8) or group (AWQ, GPTQ: Marlin's min_thread_k) width of the quantized checkpoints: each
+#: GPU's slice of a quantized linear layer must hold whole blocks (vLLM 0.32,
+#: model_executor/layers/quantization/utils/fp8_utils.py validate_fp8_block_shape,
+#: utils/marlin_utils.py verify_marlin_supports_shape).
+QUANTIZATION_BLOCK = {"fp8": 128, "awq": 128, "awq_marlin": 128, "gptq": 128, "gptq_marlin": 128}
+
+
+def served_quantization(spec: QwenDeploymentSpec, model: ModelInfo) -> str | None:
+    """The --quantization the engine runs with: the spec's, else the checkpoint's own."""
+    wanted = spec.engine.quantization
+    return model.checkpoint_quantization if wanted is None else (None if wanted == "none" else wanted)
+
+
+def valid_tensor_parallel_sizes(model: ModelInfo, quantization: str | None) -> list[int]:
+    block = QUANTIZATION_BLOCK.get(quantization or "")
+    return [n for n in range(1, MAX_TENSOR_PARALLEL + 1) if model.tensor_parallel_problem(n, block) is None]
+
+
 def _check_parallelism(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo) -> None:
-    tp, pp = spec.parallelism.tensor, spec.parallelism.pipeline
-    heads, kv_heads = model.num_attention_heads, model.num_kv_heads
-    if heads % tp or kv_heads % tp:
-        valid = [n for n in range(1, kv_heads + 1) if heads % n == 0 and kv_heads % n == 0]
+    tp, pp = plan.tensor_parallel_size, plan.pipeline_parallel_size
+    block = QUANTIZATION_BLOCK.get(plan.quantization or "")
+    problem = model.tensor_parallel_problem(tp, block)
+    if problem:
+        valid = valid_tensor_parallel_sizes(model, plan.quantization)
         plan.invalid(
             "spec.parallelism.tensor",
-            f"tensor parallel size {tp} must divide the model's {heads} attention heads and {kv_heads} "
-            f"KV heads; valid sizes: {', '.join(map(str, valid))}",
+            f"tensor parallel size {tp} does not fit {model.name}: {problem} (vLLM 0.32's rule); "
+            f"valid sizes: {', '.join(map(str, valid))}",
         )
     if pp > model.num_layers:
         plan.invalid("spec.parallelism.pipeline", f"{pp} stages exceed the model's {model.num_layers} layers")
@@ -282,10 +305,7 @@ def _check_parallelism(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo) -
 
 
 def _check_quantization(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo, gpu: GpuInfo) -> None:
-    wanted = spec.engine.quantization
-    stored = model.checkpoint_quantization
-    quant = stored if wanted is None else (None if wanted == "none" else wanted)
-    plan.quantization = quant
+    stored, quant = model.checkpoint_quantization, plan.quantization
     if quant not in COMPATIBLE_QUANTIZATION[stored]:
         plan.invalid("spec.engine.quantization", _quantization_mismatch(model, stored, quant))
     if quant in FP8_METHODS and not gpu.fp8_compute:
@@ -312,43 +332,55 @@ def _quantization_mismatch(model: ModelInfo, stored: str | None, quant: str | No
     served = quant or "none"
     head = f"{model.name} is stored as {stored or 'bf16'}; it can be served with {allowed}, not {served}"
     if quant in ("gptq", "gptq_marlin"):
+        declare = (
+            "name a community one in spec.model.name and declare it in spec.model.checkpoint "
+            "(quantization: gptq, weightSize)"
+            if model.size == "32B"
+            else "spec.model.checkpoint declares Qwen3-32B checkpoints only"
+        )
         return (
             f"{head}: {quant} needs a GPTQ checkpoint and the catalog has none (Qwen publishes no "
-            "Qwen3-32B GPTQ); name a community one in spec.model.name and declare it in "
-            "spec.model.checkpoint (quantization: gptq, weightSize)"
+            f"Qwen3-{model.size} GPTQ); {declare}"
         )
-    if quant == "fp8" and stored is None:
+    fp8 = same_size(model, "fp8")
+    if quant == "fp8" and stored is None and fp8 is not None:
         return (
-            f"{head}: fp8 serves a checkpoint stored in FP8 (Qwen/Qwen3-32B-FP8); to quantize this one "
+            f"{head}: fp8 serves a checkpoint stored in FP8 ({fp8.name}); to quantize this one "
             f"at load use {' or '.join(ONLINE_FP8)} (vLLM 0.32 deprecates --quantization fp8 for that)"
         )
-    return f"{head} (use the matching checkpoint, e.g. Qwen/Qwen3-32B-AWQ for awq)"
+    awq = same_size(model, "awq")
+    if awq is None:
+        return f"{head} (use the matching checkpoint; Qwen publishes no Qwen3-{model.size} AWQ)"
+    return f"{head} (use the matching checkpoint, e.g. {awq.name} for awq)"
 
 
-def yarn_for(max_model_len: int) -> Yarn | None:
+def yarn_for(max_model_len: int, model: ModelInfo) -> Yarn | None:
     """The smallest YaRN factor (2 or 4) covering max_model_len over the 32,768-token native window, or
-    None up to the config's 40,960 positions, which vLLM accepts without rope scaling."""
-    if max_model_len <= CONFIG_MAX_POSITIONS:
+    None up to the config's max_position_embeddings (40,960), which vLLM accepts without rope scaling."""
+    if max_model_len <= model.max_position_embeddings:
         return None
     factor = 2.0 if max_model_len <= 2 * NATIVE_CONTEXT else 4.0
-    return Yarn(factor=factor, original_max_position_embeddings=NATIVE_CONTEXT)
+    return Yarn(factor, original_max_position_embeddings=NATIVE_CONTEXT, rope_theta=model.rope_theta)
 
 
-def _check_context(plan: Plan, spec: QwenDeploymentSpec) -> None:
-    length = spec.engine.max_model_len
-    if length > MAX_CONTEXT:
-        plan.invalid(
-            "spec.engine.maxModelLen",
-            f"{length} exceeds {MAX_CONTEXT}, the longest context Qwen3 supports (YaRN factor 4)",
+def _check_context(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo) -> None:
+    length, positions = spec.engine.max_model_len, model.max_position_embeddings
+    if length > model.max_context:
+        why = (
+            f"the longest context Qwen3-{model.size} supports (YaRN factor 4)"
+            if model.yarn
+            else f"the positions of Qwen3-{model.size}'s config.json: its model card states 32768 tokens "
+            "and Qwen documents YaRN for Qwen3-4B and larger only"
         )
+        plan.invalid("spec.engine.maxModelLen", f"{length} exceeds {model.max_context}, {why}")
         return
-    plan.yarn = yarn_for(length)
+    plan.yarn = yarn_for(length, model)
     if plan.yarn:
         plan.warn(
             "spec.engine.maxModelLen",
-            f"{length} > {CONFIG_MAX_POSITIONS}: YaRN factor {plan.yarn.factor:g} is applied to every "
-            "request, which can lower quality on short texts; keep 40960 or less unless long inputs are "
-            "needed",
+            f"{length} > {positions}: YaRN factor {plan.yarn.factor:g} is applied to every "
+            f"request, which can lower quality on short texts; keep {positions} or less unless long "
+            "inputs are needed",
         )
 
 
@@ -379,13 +411,15 @@ def _check_batching(plan: Plan, spec: QwenDeploymentSpec) -> None:
 
 def _weight_bytes(model: ModelInfo, quant: str | None) -> int:
     if model.checkpoint_quantization is None and quant in ONLINE_FP8:
-        return int(model.weight_bytes * ONLINE_FP8_RATIO)
+        return online_fp8_bytes(model)
     return model.weight_bytes
 
 
-def activation_bytes_per_token(tp: int) -> int:
-    """The profile forward's transient peak per batched token on one GPU (measured at TP 1, 2, 4)."""
-    return ACTIVATION_BYTES_PER_BATCHED_TOKEN.get(tp, 6 * 25_600 // tp + 40_968)
+def activation_bytes_per_token(model: ModelInfo, tp: int) -> int:
+    """The profile forward's transient peak per batched token on one GPU, as measured for the model's
+    size at every tensor parallel size vLLM accepts (TP 1's, the largest, for any other)."""
+    measured = model.activation_per_token(tp)
+    return measured if measured is not None else dict(model.activation_bytes_per_token)[1]
 
 
 def runtime_memory(
@@ -396,7 +430,7 @@ def runtime_memory(
     hidden = max_num_batched_tokens * model.hidden_size * 2  # the forward's output, alive while sampling
     sampler_buffer_rows = min(1 << (rows - 1).bit_length(), SAMPLER_BUFFER_SMS)
     return RuntimeMemory(
-        forward_bytes=max_num_batched_tokens * activation_bytes_per_token(tp),
+        forward_bytes=max_num_batched_tokens * activation_bytes_per_token(model, tp),
         sampler_bytes=int(SAMPLER_BYTES_PER_LOGIT * rows * model.vocab_size) + hidden,
         persistent_bytes=CUBLAS_WORKSPACE_BYTES + sampler_buffer_rows * model.vocab_size * 4,
         non_torch_bytes=NON_TORCH_BYTES,
@@ -415,8 +449,9 @@ def _compute_memory(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo, gpu:
     if plan.errors and any(p.startswith("spec.parallelism") for p, _ in plan.errors):
         return
     e = spec.engine
-    draft = _draft_bytes(spec)
-    plan.weights_bytes_per_gpu = (_weight_bytes(model, plan.quantization) + draft) // (tp * pp)
+    draft = _draft_of(spec)
+    draft_bytes = draft.weight_bytes if draft else 0
+    plan.weights_bytes_per_gpu = (_weight_bytes(model, plan.quantization) + draft_bytes) // (tp * pp)
     kv_dtype_bytes = 1 if plan.kv_cache_dtype == "fp8" else 2
     plan.draft_kv_bytes_per_token = _draft_kv_bytes_per_token(spec, kv_dtype_bytes)
     plan.kv_bytes_per_token = model.kv_bytes_per_token(kv_dtype_bytes) + plan.draft_kv_bytes_per_token
@@ -426,8 +461,8 @@ def _compute_memory(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo, gpu:
     usable = int(gpu.memory_bytes * e.gpu_memory_utilization)
     budget = usable - plan.weights_bytes_per_gpu - runtime.total_bytes
     plan.kv_budget_bytes_per_gpu = max(budget, 0)
-    # Each GPU holds 1/TP of the KV heads and 1/PP of the layers of every token.
-    plan.kv_tokens_per_replica = kv_tokens(budget, tp * pp, plan.kv_bytes_per_token)
+    # Each GPU holds 1/TP of the KV heads (one replicated head beyond them) and 1/PP of the layers.
+    plan.kv_tokens_per_replica = kv_tokens(budget, model.kv_shards(tp) * pp, plan.kv_bytes_per_token)
     plan.max_concurrent_at_max_model_len = plan.kv_tokens_per_replica // plan.max_model_len
     needed = plan.weights_bytes_per_gpu + runtime.total_bytes
     if budget <= 0:
@@ -473,7 +508,7 @@ def prefill_step_flops(model: ModelInfo, chunk_tokens: int, context_tokens: int)
     """FLOPs (linear layers, attention) of one prefill chunk of chunk_tokens ending at position
     context_tokens, whole model: 2 per weight per token on the linear layers (embeddings and lm_head
     aside), and causal attention's QK^T and PV over the prefix, 2 x 2 x heads x head_dim per pair."""
-    linear_params = model.parameters - 2 * model.vocab_size * model.hidden_size
+    linear_params = model.parameters - model.embedding_parameters
     pairs = chunk_tokens * (context_tokens - chunk_tokens / 2)
     attention = 4 * model.num_layers * model.num_attention_heads * model.head_dim * pairs
     return 2 * linear_params * chunk_tokens, attention
@@ -515,41 +550,43 @@ def _check_prefill(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo, gpu: 
         )
 
 
-def _draft_bytes(spec: QwenDeploymentSpec) -> int:
+def _draft_of(spec: QwenDeploymentSpec) -> ModelInfo | None:
+    """The catalog's checkpoint the speculative settings load beside the target, if any."""
     spec_dec = spec.engine.speculative
     if spec_dec is None or spec_dec.method == "ngram":
-        return 0
-    return DRAFT_MODEL_BYTES.get(spec_dec.model, 0)
+        return None
+    return MODELS.get(spec_dec.model)
 
 
 def _draft_kv_bytes_per_token(spec: QwenDeploymentSpec, kv_dtype_bytes: int) -> int:
     """K and V of a draft model's layers for one token: vLLM keeps them in the target's KV pool."""
-    spec_dec = spec.engine.speculative
-    if spec_dec is None or spec_dec.method != "draft_model" or spec_dec.model not in DRAFT_MODEL_LAYERS:
+    spec_dec, draft = spec.engine.speculative, _draft_of(spec)
+    if spec_dec is None or spec_dec.method != "draft_model" or draft is None:
         return 0
-    layers = DRAFT_MODEL_LAYERS[spec_dec.model]
-    return 2 * layers * DRAFT_MODEL_KV_HEADS * DRAFT_MODEL_HEAD_DIM * kv_dtype_bytes
+    return draft.kv_bytes_per_token(kv_dtype_bytes)
 
 
 def _check_speculative(plan: Plan, spec: QwenDeploymentSpec) -> None:
     spec_dec = spec.engine.speculative
     if spec_dec is None or spec_dec.method == "ngram":
         return
-    if spec_dec.model not in DRAFT_MODEL_BYTES:  # draft models and EAGLE-3 heads alike hold GPU memory
+    draft = _draft_of(spec)
+    if draft is None:  # draft models and EAGLE-3 heads alike hold GPU memory
         kind = "draft model" if spec_dec.method == "draft_model" else f"{spec_dec.method} head"
         plan.warn(
             "spec.engine.speculative.model",
             f"{kind} {spec_dec.model!r} is not in the catalog: its weights and KV cache are not in this plan",
         )
         return
-    if spec_dec.method == "draft_model" and plan.max_model_len > DRAFT_MODEL_MAX_POSITIONS:
+    positions = draft.max_position_embeddings
+    if spec_dec.method == "draft_model" and plan.max_model_len > positions:
         # vllm/config/speculative.py: the draft keeps its own config (max_position_embeddings 40,960,
         # no rope scaling) while the proposer feeds it positions up to the target's max_model_len; only
         # EAGLE drafts get their rotary cache raised to the target's length (vLLM #48894).
         plan.invalid(
             "spec.engine.speculative.model",
-            f"draft model {spec_dec.model} has {DRAFT_MODEL_MAX_POSITIONS} positions and no YaRN, but "
+            f"draft model {spec_dec.model} has {positions} positions and no YaRN, but "
             f"maxModelLen {plan.max_model_len} feeds it positions up to that: vLLM 0.32 raises the rotary "
             "table only for EAGLE drafts, so long requests would index past it; keep maxModelLen at "
-            f"{DRAFT_MODEL_MAX_POSITIONS} or less with a draft model, or use ngram speculation",
+            f"{positions} or less with a draft model, or use ngram speculation",
         )

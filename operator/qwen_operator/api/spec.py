@@ -24,12 +24,13 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from .catalog import (
-    CONFIG_MAX_POSITIONS,
     DEFAULT_ENGINE_IMAGE,
     GPU_PRODUCT_LABEL,
     GPUS,
     KNOWN_NODE_LABELS,
     MAX_CONTEXT,
+    MODELS,
+    SHAPES,
     GpuInfo,
     architecture_of,
     node_label_values,
@@ -269,7 +270,9 @@ class ModelCache(Model):
         "Hugging Face cache. Unset: an emptyDir, so every new pod downloads the weights again.",
     )
     size_limit: Quantity | None = Field(
-        default=None, description="sizeLimit of the emptyDir cache. Default: the weights plus 20%."
+        default=None,
+        description="sizeLimit of the emptyDir cache. Default: the checkpoint's files (and a draft "
+        "model's) plus 20%.",
     )
 
 
@@ -308,8 +311,8 @@ class ModelSource(Model):
 
     name: str = Field(
         min_length=1,
-        description="Hugging Face id of the checkpoint: Qwen/Qwen3-32B, Qwen/Qwen3-32B-FP8 or "
-        "Qwen/Qwen3-32B-AWQ, or any Qwen3-32B checkpoint declared in `checkpoint`.",
+        description=f"Hugging Face id of the checkpoint: one of the catalog's ({', '.join(MODELS)}), "
+        "or any Qwen3-32B checkpoint declared in `checkpoint`.",
     )
     checkpoint: CommunityCheckpoint | None = Field(
         default=None,
@@ -501,8 +504,19 @@ class GpuPool(Model):
 class Parallelism(Model):
     """Model parallelism of one replica; GPUs per replica = tensor x pipeline."""
 
-    tensor: int = Field(
-        default=2, ge=1, le=16, description="Tensor parallel size. Must divide 64 and 8 heads."
+    tensor: int | None = Field(
+        default=None,
+        ge=1,
+        le=16,
+        description="Tensor parallel size: must divide the model's attention heads, and its 8 KV heads "
+        "or be a multiple of them (vLLM's rule; FP8 and AWQ checkpoints also need whole 128-wide blocks "
+        "per GPU); the plan lists the valid sizes. Default: "
+        + ", ".join(
+            f"{s.default_tensor_parallel} for Qwen3-{s.size}"
+            for s in SHAPES.values()
+            if s.default_tensor_parallel > 1
+        )
+        + ", 1 for the smaller sizes.",
     )
     pipeline: int = Field(default=1, ge=1, le=8, description="Pipeline parallel size.")
 
@@ -609,7 +623,8 @@ class Engine(Model):
     max_model_len: int = Field(
         default=32_768,
         ge=256,
-        description=f"Context length; above {CONFIG_MAX_POSITIONS} enables YaRN (at most {MAX_CONTEXT}).",
+        description="Context length; above the model's max_position_embeddings (40960) enables YaRN, "
+        f"up to {MAX_CONTEXT} on Qwen3-4B and larger (Qwen3-0.6B and 1.7B: at most 40960).",
     )
     max_num_seqs: int = Field(default=256, ge=1, le=4096, description="Requests batched at once per replica.")
     max_num_batched_tokens: int = Field(

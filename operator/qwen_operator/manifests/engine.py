@@ -19,8 +19,8 @@ from .meta import metadata
 MODEL_CACHE_PATH = "/models"
 HEALTH_PATH = "/health"
 STARTUP_PROBE_PERIOD = 10
-#: Start-up budget: fixed time for the image, CUDA graphs and warm-up, plus time per GB of weights to
-#: download (about 100 MB/s) and load; a slow registry or disk should not kill a pod mid-load.
+#: Start-up budget: fixed time for the image, CUDA graphs and warm-up, plus time per GB of checkpoint
+#: files to download (about 100 MB/s) and load; a slow registry or disk should not kill a pod mid-load.
 STARTUP_BASE_SECONDS = 600
 STARTUP_SECONDS_PER_GB = 10
 #: Node disk an engine writes besides an emptyDir model cache: torch.compile, Triton and FlashInfer
@@ -32,8 +32,8 @@ def startup_seconds(review: Review) -> int:
     override = review.resource.spec.engine.probes.startup_seconds
     if override:
         return override
-    weights_gb = review.plan.weights_bytes_per_gpu * review.plan.gpus_per_replica / 1e9
-    return STARTUP_BASE_SECONDS + math.ceil(weights_gb * STARTUP_SECONDS_PER_GB)
+    files_gb = review.plan.download_bytes / 1e9
+    return STARTUP_BASE_SECONDS + math.ceil(files_gb * STARTUP_SECONDS_PER_GB)
 
 
 def _env(review: Review) -> list[dict[str, Any]]:
@@ -57,12 +57,14 @@ def _env(review: Review) -> list[dict[str, Any]]:
 
 
 def cache_size_limit(review: Review) -> str | None:
-    """sizeLimit of the emptyDir model cache (the spec's, else the weights plus 20%); None with a PVC."""
+    """sizeLimit of the emptyDir model cache (the spec's, else the checkpoint files plus 20%: what is
+    downloaded, which can exceed what the GPUs hold, e.g. a bf16 checkpoint served as FP8, or a tied
+    lm_head stored twice); None with a PVC."""
     cache = review.resource.spec.model.cache
     if cache.claim_name:
         return None
-    weights_gib = math.ceil(review.plan.weights_bytes_per_gpu * review.plan.gpus_per_replica * 1.2 / 2**30)
-    return canonical(cache.size_limit or f"{weights_gib}Gi")
+    files_gib = math.ceil(review.plan.download_bytes * 1.2 / 2**30)
+    return canonical(cache.size_limit or f"{files_gib}Gi")
 
 
 def ephemeral_storage(review: Review) -> str:

@@ -198,6 +198,7 @@ OPERATOR_ENV: dict[str, str | None] = {
     "HF_HUB_OFFLINE": "spec.model.offline",
     "HF_TOKEN": "spec.model.hfTokenSecret",
     "VLLM_API_KEY": "spec.engine.apiKeySecret",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "spec.lora",
     "VLLM_NO_USAGE_STATS": None,
     "DO_NOT_TRACK": None,
 }

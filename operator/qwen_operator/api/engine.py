@@ -96,7 +96,7 @@ OWNED_FLAGS: dict[str, Owned] = {
     "--max-cpu-loras": Owned("spec.lora.maxCpuLoras"),
     "--lora-modules": Owned(
         "spec.lora.adapters",
-        "the operator loads adapters into the running engines, so adding or removing one restarts nothing",
+        "the adapters are kept out of the engine pod, so that adding or removing one restarts no engine",
     ),
     "--num-gpu-blocks-override": Owned("spec.engine.gpuMemoryUtilization", _PLAN_MEMORY),
 }

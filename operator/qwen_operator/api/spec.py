@@ -808,8 +808,8 @@ def _allowed_rank_at_least(rank: int) -> int:
 
 class Lora(Model):
     """LoRA adapters served beside the base model. The slot settings (maxLoras, maxLoraRank,
-    maxCpuLoras) are engine flags, so changing them restarts the engines; adapters are loaded and
-    unloaded at runtime, so changing the list does not."""
+    maxCpuLoras) are engine flags, so changing them restarts the engines; the adapter list is kept out
+    of the engine pod (adapters are loaded into running engines), so changing it does not."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -852,8 +852,8 @@ class Lora(Model):
     adapters: list[LoraAdapter] = Field(
         default_factory=list,
         max_length=MAX_ADAPTERS,
-        description="The adapters, each requested by its name. Loaded into the running engines: adding or "
-        "removing one restarts nothing.",
+        description="The adapters, each requested by its name. Not part of the engine pod: adding or "
+        "removing one restarts no engine (docs/lora.md).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
 

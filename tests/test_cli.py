@@ -27,13 +27,14 @@ from qwen_operator.api.crd import crd
 from qwen_operator.api.engine import OWNED_FLAGS, REFUSED_FLAGS, REFUSED_VALUES
 from qwen_operator.api.review import review
 from qwen_operator.api.spec import OPERATOR_ENV, QwenDeploymentSpec
-from support import BAD_CRS, CRD_FILE, EXAMPLES, GOLDEN, BadCr, bad_cr, load, run_cli
+from support import BAD_CRS, CRD_FILE, EXAMPLES, GOLDEN, BadCr, bad_cr, example, load, run_cli
 
 PLAN_KEYS = {
     "fits",
     "tensorParallelSize",
     "gpusPerReplica",
     "weightsGiBPerGpu",
+    "loraGiBPerGpu",
     "kvBytesPerToken",
     "kvTokensPerReplica",
     "maxModelLen",
@@ -102,6 +103,26 @@ def test_plan_table_output() -> None:
     assert lines["KV tokens per replica"].strip() == f"{planned['kvTokensPerReplica']:,}"
     assert lines["Longest prefill step"].strip() == f"~{planned['prefillStepSeconds']:.1f} s"
     assert "Engine: vllm serve Qwen/Qwen3-32B --served-model-name" in result.stdout
+
+
+def test_plan_shows_the_lora_term() -> None:
+    body = example("a100-80gb-tp2-bf16")
+    source = {"huggingFace": {"repo": "my-org/sql-lora", "revision": "0" * 40}}
+    body["spec"]["lora"] = {"maxLoras": 4, "maxLoraRank": 64, "adapters": [{"name": "sql", "source": source}]}
+    result = run_cli("plan", "-f", "-", stdin=yaml.safe_dump(body))
+    assert result.returncode == 0, result.stderr
+    lines = {
+        k: v.strip() for k, v in (line.split("  ", 1) for line in result.stdout.splitlines() if "  " in line)
+    }
+    # test_plan.py test_lora_worked_example_by_hand: 2,895,511,552 B of slots (2.70 GiB), 2.80 GiB in all
+    assert (
+        lines["LoRA per GPU"]
+        == "2.80 GiB (slots 4 x rank 64: 2.70 GiB; buffers and extra CUDA graphs 0.10 GiB)"
+    )
+    assert lines["LoRA adapters"] == "1 (held in host memory: 4)"
+    planned = json.loads(run_cli("plan", "-f", "-", "-o", "json", stdin=yaml.safe_dump(body)).stdout)
+    assert planned["loraGiBPerGpu"] == 2.8
+    assert json.loads((GOLDEN / "plan" / "a100-80gb-tp2-bf16.json").read_text())["loraGiBPerGpu"] is None
 
 
 def test_plan_table_quotes_json_arguments() -> None:

@@ -316,3 +316,53 @@ def test_replaces_pods_tells_a_held_or_same_rendering_from_a_new_one() -> None:
     assert not replaces_pods(same, live), "the same rendering (server defaults aside) changes nothing"
     edited = hold_engine_template(after, live, 4, 3, "OnEdit").deployment
     assert replaces_pods(edited, live)
+
+
+# --- LoRA: the adapter list is not in the engine pod ---------------------------------------------------
+
+LORA_SLOTS = {"maxLoras": 2, "maxLoraRank": 32}
+
+
+def _adapter(name: str) -> dict[str, Any]:
+    return {"name": name, "source": {"huggingFace": {"repo": f"my-org/{name}-lora", "revision": "ab" * 20}}}
+
+
+def test_adding_or_removing_an_adapter_keeps_the_engine_pod() -> None:
+    lists: list[list[dict[str, Any]]] = [[], [_adapter("sql")], [_adapter("sql"), _adapter("chat")]]
+    templates = {
+        content_hash(_engine_deployment(lora=LORA_SLOTS | {"adapters": a})["spec"]["template"]) for a in lists
+    }
+    assert len(templates) == 1
+    reviews = [reviewed(lora=LORA_SLOTS | {"adapters": a}) for a in lists]
+    assert not edit_impact(reviews[1], reviews[2], free_gpus=0).restarts_engines
+    assert not edit_impact(reviews[2], reviews[0], free_gpus=0).restarts_engines
+
+
+@pytest.mark.parametrize(
+    ("change", "flags"),
+    [
+        ({"maxLoras": 3}, ["--max-loras", "--max-cpu-loras"]),  # maxCpuLoras defaults to maxLoras
+        ({"maxLoraRank": 64}, ["--max-lora-rank"]),
+        ({"maxCpuLoras": 4}, ["--max-cpu-loras"]),
+    ],
+)
+def test_changing_a_slot_setting_restarts_the_engines(change: dict[str, Any], flags: list[str]) -> None:
+    base = reviewed(lora=LORA_SLOTS | {"adapters": [_adapter("sql")]})
+    edited = reviewed(lora=LORA_SLOTS | change | {"adapters": [_adapter("sql")]})
+    before = _engine_deployment(lora=LORA_SLOTS)["spec"]["template"]
+    after = _engine_deployment(lora=LORA_SLOTS | change)["spec"]["template"]
+    assert content_hash(before) != content_hash(after)
+    impact = edit_impact(base, edited, free_gpus=0)
+    args = after["spec"]["containers"][0]["args"]
+    assert impact.restarts_engines
+    assert impact.changes == [f".spec.containers[0].args[{args.index(flag) + 1}]" for flag in flags]
+
+
+def test_turning_lora_on_adds_the_flags_and_the_runtime_loading_switch() -> None:
+    impact = edit_impact(reviewed(), reviewed(lora=LORA_SLOTS), free_gpus=0)
+    assert impact.restarts_engines
+    assert set(impact.changes) == {".spec.containers[0].args", ".spec.containers[0].env"}
+    env = _engine_deployment(lora=LORA_SLOTS)["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "true"} in env
+    plain = _engine_deployment()["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in {e["name"] for e in plain}

@@ -343,3 +343,63 @@ def test_extra_args_problems_make_the_plan_fail() -> None:
         ]
     )
     assert r.plan.capacity_errors == []  # a refused flag is a spec problem, not a capacity one
+
+
+# --- LoRA: slot flags only ------------------------------------------------------------------------
+
+LORA_SOURCE = {"huggingFace": {"repo": "my-org/qwen3-32b-sql-lora", "revision": "0123456789" * 4}}
+
+
+def lora_spec(**lora: Any) -> QwenDeploymentSpec:
+    body = example("a100-80gb-tp2-bf16")
+    body["spec"]["lora"] = lora
+    return parse(body).spec
+
+
+def test_lora_renders_the_slot_flags_and_not_the_adapters() -> None:
+    spec = lora_spec(
+        maxLoras=4, maxLoraRank=64, maxCpuLoras=8, adapters=[{"name": "sql", "source": LORA_SOURCE}]
+    )
+    args = args_of(spec)
+    assert args[args.index("--enable-lora") :] == [
+        "--enable-lora", "--max-loras", "4", "--max-lora-rank", "64", "--max-cpu-loras", "8",
+    ]  # fmt: skip
+    # the adapters are loaded at runtime: nothing of them on the command line
+    assert "--lora-modules" not in args and not [a for a in args if "sql" in a]
+
+
+def test_lora_defaults_are_rendered_explicitly() -> None:
+    args = args_of(lora_spec())
+    assert (value(args, "--max-loras"), value(args, "--max-lora-rank"), value(args, "--max-cpu-loras")) == (
+        "1",
+        "16",
+        "1",  # maxCpuLoras defaults to maxLoras, as in vLLM
+    )
+    assert "--enable-lora" not in args_of(spec_of())
+
+
+def test_extra_args_come_after_the_lora_flags() -> None:
+    body = example("a100-80gb-tp2-bf16")
+    body["spec"]["lora"] = {}
+    body["spec"]["engine"]["extraArgs"] = ["--fully-sharded-loras"]
+    args = args_of(parse(body).spec)
+    assert args[-1] == "--fully-sharded-loras" and args[-3:-1] == ["--max-cpu-loras", "1"]
+    assert check_extra_args(["--fully-sharded-loras", "--lora-target-modules", "o_proj"]) == []
+
+
+@pytest.mark.parametrize(
+    ("flag", "field"),
+    [
+        ("--enable-lora", "spec.lora"),
+        ("--no-enable-lora", "spec.lora"),
+        ("--max-loras", "spec.lora.maxLoras"),
+        ("--max-lora-rank", "spec.lora.maxLoraRank"),
+        ("--max-cpu-loras", "spec.lora.maxCpuLoras"),
+        ("--lora-modules", "spec.lora.adapters"),
+    ],
+)
+def test_lora_flags_in_extra_args_are_owned(flag: str, field: str) -> None:
+    takes_value = vllm_flags()[flag]
+    ((path, message),) = check_extra_args([flag, "4"] if takes_value else [flag])
+    assert path == "spec.engine.extraArgs[0]"
+    assert message.startswith(f"{flag} is set by the operator from {field}; use that field")

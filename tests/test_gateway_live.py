@@ -305,7 +305,8 @@ def test_only_the_openai_routes_are_reachable(live: Live) -> None:
         "/metrics", "/health", "/liveness", "/readiness", "/version", "/workers", "/list_workers",
         "/get_loads", "/add_worker?url=http://127.0.0.1:9", "/remove_worker?url=x", "/flush_cache",
         "/v1/embeddings", "/tokenize", "/detokenize", "/ping", "/invocations", "/pooling",
-        "/v1/load_lora_adapter", "/start_profile", "/v1/models/../../health", "/v1/completions/../../metrics",
+        "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/start_profile", "/v1/models/../../health",
+        "/v1/completions/../../metrics", "/adapters", "/adapters/x",
         "/v1/chat/completions/", "/v2/models", "/",
     ]  # fmt: skip
     for path in admin:

@@ -560,3 +560,40 @@ def test_nginx_names_the_conversation_of_a_chat(tmp_path: Path) -> None:
     assert seen["too short"] is seen["no user message"] is seen["completion"] is None
     assert seen["client's id"] == seen["client's id again"]
     assert len(set(recorder.seen[len(cases) :])) > 150  # 200 conversations over 1000 buckets
+
+
+# --- the engines' adapter-loading routes stay behind the gateway ----------------------------------------
+
+
+def test_nginx_never_forwards_the_adapter_loading_routes(tmp_path: Path) -> None:
+    """With spec.lora the engines serve /v1/load_lora_adapter and /v1/unload_lora_adapter
+    (VLLM_ALLOW_RUNTIME_LORA_UPDATING), and vLLM 0.32's SageMaker layer adds POST /adapters and DELETE
+    /adapters/{name}, which --api-key does not guard: for the operator only. The gateway answers them 404
+    itself, with the OpenAI-style body, and nothing reaches the router (the routes do not depend on the
+    spec)."""
+    recorder = _SessionIds()
+    threading.Thread(target=recorder.serve_forever, daemon=True).start()
+    auth = {"Authorization": "Bearer sk-0123456789abcdef"}
+    body = {"lora_name": "sql", "lora_path": "/models/loras/sql"}
+    paths = [
+        "/v1/load_lora_adapter",
+        "/v1/unload_lora_adapter",
+        "/v1/load_lora_adapter/",
+        "/v1//load_lora_adapter",
+        "/adapters",
+        "/adapters/sql",
+    ]
+    try:
+        with _nginx_in_front_of(recorder.server_address[1], tmp_path) as url:
+            base = url.removesuffix("/v1/chat/completions")
+            for path in paths:
+                for method in ("POST", "GET", "DELETE"):
+                    response = requests.request(method, base + path, json=body, headers=auth, timeout=10)
+                    assert response.status_code == 404, (method, path, response.text)
+                    assert response.headers["content-type"] == "application/json"
+                    assert response.json()["error"]["code"] == "unknown_url"
+            chat = _chat_body(("user", "Hi"))
+            assert requests.post(url, json=chat, headers=auth, timeout=10).status_code == 200
+    finally:
+        recorder.shutdown()
+    assert recorder.seen == [None], "only the chat completion may reach the router"

@@ -848,3 +848,134 @@ def test_request_timeout_default_covers_a_full_length_generation(max_model_len: 
 
 def test_request_timeout_set_by_the_user_is_kept() -> None:
     assert plan_for(gateway={"requestTimeoutSeconds": 600}).request_timeout_seconds == 600
+
+
+# --- LoRA slots (api/lora.py, docs/capacity-planning.md) -------------------------------------------
+# One slot of rank 1, per decoder layer, on one GPU at TP t (vLLM 0.32 without --fully-sharded-loras):
+#   qkv_proj     A 3 x 5,120 (every GPU)           B (64 x 128 + 2 x 8 x 128) / t
+#   o_proj       A 64 x 128 / t                     B 5,120 (every GPU)
+#   gate_up_proj A 2 x 5,120 (every GPU)            B 2 x 25,600 / t
+#   down_proj    A 25,600 / t                       B 5,120 (every GPU)
+# TP 2: 15,360 + 5,120 + 4,096 + 5,120 + 10,240 + 25,600 + 12,800 + 5,120 = 83,456 elements;
+# TP 1: 15,360 + 10,240 + 8,192 + 5,120 + 10,240 + 51,200 + 25,600 + 5,120 = 131,072.
+# embed_tokens and lm_head, each on every GPU: 151,936 + 5,120 = 157,056 elements. All in bf16 (2 B).
+
+SQL = {"name": "sql", "source": {"huggingFace": {"repo": "o/sql", "revision": "0" * 40}}}
+
+
+def adapters(n: int) -> list[dict[str, Any]]:
+    return [SQL | {"name": f"a{i}"} for i in range(n)]
+
+
+def test_lora_worked_example_by_hand() -> None:
+    """docs/capacity-planning.md and docs/lora.md: Qwen3-32B, TP 2, maxLoras 4, maxLoraRank 64."""
+    plan = plan_for(lora={"maxLoras": 4, "maxLoraRank": 64})
+    assert plan.lora is not None
+    # slots: 4 x 64 x (64 layers x 83,456 + 2 x 157,056 = 5,655,296) x 2 B = 2,895,511,552 B (2.70 GiB)
+    assert plan.lora.slot_bytes == 2_895_511_552
+    # index buffers: 4 x 8,192 x 8 + 3 x 256 x 8 (punica_base) + 2 x (2 x 8,192 x 4 + (3 x 4 + 4) x 4)
+    # (two LoRAKernelMeta) + 151,936 x 8 (lm_head's map of the gathered vocabulary, TP > 1)
+    # = 268,288 + 131,200 + 1,215,488 = 1,614,976 B
+    assert plan.lora.index_bytes == 1_614_976
+    # shrink buffer: 8,192 tokens x rank 64 x 4 B = 2,097,152 B; CUDA graphs: 102 x 1 MiB = 106,954,752 B
+    assert (plan.lora.shrink_buffer_bytes, plan.lora.cuda_graph_bytes) == (2_097_152, 106_954_752)
+    # in all 3,006,178,432 B = 2.80 GiB per GPU
+    assert plan.lora.total_bytes == 3_006_178_432
+    # KV budget: the A100 example's 40,567,722,499 B (test_a100_80gb_tp2_bf16_example_by_hand) less 4 more
+    # rows of the sampler's Triton buffer at 256 sequences (4 x 151,936 x 4 = 2,430,976 B) = 40,565,291,523 B
+    # without LoRA; with it 40,565,291,523 - 3,006,178,432 = 37,559,113,091 B
+    assert plan.kv_budget_bytes_per_gpu == 37_559_113_091
+    # tokens = x 2 / 262,144 = 286,553.3 -> 286,544 (blocks): 22,944 fewer than 309,488 without LoRA,
+    # and 8 full 32K requests at once instead of 9
+    assert plan.kv_tokens_per_replica == 286_544
+    assert plan_for().kv_tokens_per_replica == 309_488
+    assert plan.max_concurrent_at_max_model_len == 8
+    assert plan.fits and plan.warnings == []
+
+
+def test_lora_slots_at_tp1_and_with_pipeline_stages() -> None:
+    tp1 = plan_for(parallelism={"tensor": 1}, gpu={"type": "H200-141GB"}, lora={})
+    # defaults maxLoras 1, rank 16: 16 x (64 x 131,072 + 2 x 157,056) x 2 B = 278,487,040 B
+    assert tp1.lora is not None and tp1.lora.slot_bytes == 278_487_040
+    assert tp1.lora.index_bytes == 4 * 8192 * 8 + 3 * 256 * 8 + 2 * (2 * 8192 * 4 + 7 * 4)  # no vocab map
+    staged = plan_for(parallelism={"tensor": 2, "pipeline": 2}, lora={"maxLoras": 4, "maxLoraRank": 64})
+    # a stage holds 32 layers and one of embed_tokens (first) and lm_head (last):
+    # 4 x 64 x (32 x 83,456 + 157,056) x 2 B = 1,447,755,776 B
+    assert staged.lora is not None and staged.lora.slot_bytes == 1_447_755_776
+
+
+def test_lora_slots_grow_with_slots_and_rank_not_with_adapters() -> None:
+    def slots(**lora: Any) -> int:
+        plan = plan_for(lora=lora)
+        assert plan.lora is not None
+        return plan.lora.slot_bytes
+
+    base = slots(maxLoras=1, maxLoraRank=16)
+    assert slots(maxLoras=4, maxLoraRank=16) == 4 * base
+    assert slots(maxLoras=1, maxLoraRank=64) == 4 * base
+    assert slots(maxLoras=1, maxLoraRank=16, adapters=adapters(3)) == base  # sized by slots, not the list
+
+
+def test_without_lora_the_plan_has_no_lora_term() -> None:
+    plan = plan_for()
+    assert plan.lora is None and plan.kv_budget_bytes_per_gpu == 40_565_291_523
+
+
+def test_enforce_eager_captures_no_extra_cuda_graphs() -> None:
+    plan = plan_for(lora={}, engine={"extraArgs": ["--enforce-eager"]})
+    assert plan.lora is not None and plan.lora.cuda_graph_bytes == 0
+
+
+def test_more_adapters_than_slots_warns_that_they_take_turns() -> None:
+    plan = plan_for(lora={"adapters": adapters(3), "maxCpuLoras": 3})
+    (warning,) = warnings_at(plan, "spec.lora.maxLoras")
+    # two more slots of rank 16: 2 x 16 x 5,655,296 x 2 B = 361,938,944 B = 0.34 GiB
+    assert warning.startswith("3 adapters share 1 GPU slot(s): a batch holds requests for at most 1")
+    assert warning.endswith("maxLoras 3 would cost 0.34 GiB more per GPU")
+    assert not warnings_at(plan_for(lora={"adapters": adapters(3), "maxLoras": 3}), "spec.lora.maxLoras")
+
+
+def test_more_adapters_than_the_cpu_cache_warns_that_they_are_reloaded() -> None:
+    plan = plan_for(lora={"adapters": adapters(3), "maxLoras": 2})
+    (warning,) = warnings_at(plan, "spec.lora.maxCpuLoras")
+    assert warning.startswith("3 adapters but maxCpuLoras 2 (default: maxLoras): each engine keeps")
+    assert "reads an evicted one from its files again on its next request" in warning
+    assert not warnings_at(plan_for(lora={"adapters": adapters(3), "maxLoras": 2, "maxCpuLoras": 3}),
+                           "spec.lora.maxCpuLoras")  # fmt: skip
+
+
+def test_more_slots_than_sequences_warns() -> None:
+    plan = plan_for(lora={"maxLoras": 8}, engine={"maxNumSeqs": 4, "maxNumBatchedTokens": 8192})
+    (warning,) = warnings_at(plan, "spec.lora.maxLoras")
+    assert warning.startswith("8 slots but maxNumSeqs 4")
+
+
+@pytest.mark.parametrize(
+    ("args", "path"),
+    [
+        (["--api-server-count", "2"], "spec.engine.extraArgs[0]"),
+        (["--seed", "1", "-asc=4"], "spec.engine.extraArgs[2]"),
+    ],
+)
+def test_runtime_adapter_loading_needs_one_api_server(args: list[str], path: str) -> None:
+    (error,) = errors_at(plan_for(lora={}, engine={"extraArgs": args}), path)
+    assert "cannot be combined with spec.lora" in error
+    assert not errors_at(plan_for(engine={"extraArgs": args}), path)  # without LoRA, several are fine
+    assert not plan_for(lora={}, engine={"extraArgs": ["--api-server-count", "1"]}).errors
+
+
+def test_a_lora_plan_that_does_not_fit_names_the_lora_term() -> None:
+    # 10 slots of rank 256: 10 x 256 x 5,655,296 x 2 B = 28,955,115,520 B of slots (26.97 GiB) leave 87,680
+    # tokens, less than one 131,072-token request
+    plan = plan_for(lora={"maxLoras": 10, "maxLoraRank": 256}, engine={"maxModelLen": 131_072})
+    (message,) = errors_at(plan, "spec.engine.maxModelLen")
+    assert "after 30.51 GiB of weights plus 27.08 GiB for LoRA (spec.lora) and 2.93 GiB runtime" in message
+    assert message.endswith("a quantized checkpoint, fewer LoRA slots or a lower maxLoraRank")
+    # two A100-40GB: 30.51 GiB of weights + 2.80 GiB for LoRA + 2.93 GiB runtime > 35.55 GiB usable
+    (message,) = errors_at(
+        plan_for(gpu={"type": "A100-40GB"}, lora={"maxLoras": 4, "maxLoraRank": 64}), "spec.gpu.type"
+    )
+    assert (
+        "weights need 30.51 GiB per GPU plus 2.80 GiB for LoRA (spec.lora) plus 2.93 GiB runtime" in message
+    )
+    assert message.endswith("a smaller maxNumBatchedTokens, fewer LoRA slots or a lower maxLoraRank")

@@ -95,6 +95,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "toolCalling": {"enabled": False},
         },
     ),
+    "lora": _variant(
+        "a100-80gb-tp2-bf16",
+        lora={
+            "maxLoras": 4,
+            "maxLoraRank": 64,
+            "maxCpuLoras": 8,
+            "adapters": [
+                {"name": "sql", "source": {"huggingFace": {"repo": "my-org/sql-lora", "revision": "0" * 40}}}
+            ],
+        },
+    ),
     "extra-args": _variant(
         "a100-80gb-tp2-bf16",
         model={"revision": "main", "servedModelName": "qwen3"},
@@ -248,6 +259,7 @@ def _expected(body: dict[str, Any]) -> dict[str, Any]:
         "speculative": spec.engine.speculative,
         "reasoning": spec.engine.reasoning.parser if spec.engine.reasoning.enabled else None,
         "tools": spec.engine.tool_calling.parser if spec.engine.tool_calling.enabled else None,
+        "lora": spec.lora,
     }
 
 
@@ -295,6 +307,16 @@ def test_vllm_accepts_the_command_line(name: str, vllm_result: dict[str, Any]) -
     elif "speculative_skipped" not in case["facts"]:
         assert engine["speculative_method"] == speculative.method
         assert engine["num_speculative_tokens"] == speculative.num_speculative_tokens
+    lora = expected["lora"]
+    if lora is None:
+        assert engine["lora"] is None
+    else:  # the slots vLLM sizes are the spec's, in the model's dtype (api/lora.py counts 2 B)
+        assert engine["lora"] == {
+            "max_loras": lora.max_loras,
+            "max_lora_rank": lora.max_lora_rank,
+            "max_cpu_loras": lora.effective_max_cpu_loras,
+            "lora_dtype": "torch.bfloat16",
+        }
     parsed = case["facts"]["parsed"]
     assert (parsed["reasoning_parser"] or None) == expected["reasoning"]
     assert (parsed["tool_call_parser"] or None) == expected["tools"]

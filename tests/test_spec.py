@@ -539,3 +539,166 @@ def test_online_fp8_methods_are_accepted(method: str) -> None:
 def test_request_timeout_is_unset_by_default() -> None:
     # The default is derived from maxModelLen in the plan (plan.request_timeout_seconds).
     assert parse(with_spec(gateway=None)).spec.gateway.request_timeout_seconds is None
+
+
+# --- LoRA adapters ---------------------------------------------------------------------------------
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+HF_SOURCE = {"huggingFace": {"repo": "my-org/qwen3-32b-sql-lora", "revision": COMMIT}}
+
+
+def with_lora(lora: dict[str, Any], **model: Any) -> dict[str, Any]:
+    body = with_spec(lora=lora)
+    body["spec"]["model"] |= model
+    return body
+
+
+def adapter(name: str, **fields: Any) -> dict[str, Any]:
+    return {"name": name, "source": HF_SOURCE} | fields
+
+
+def test_lora_defaults_are_vllms() -> None:
+    spec = parse(with_lora({})).spec
+    assert spec.lora is not None
+    assert (spec.lora.max_loras, spec.lora.max_lora_rank, spec.lora.max_cpu_loras) == (1, 16, None)
+    assert spec.lora.effective_max_cpu_loras == 1 and spec.lora.adapters == []
+    assert parse(with_spec()).spec.lora is None
+
+
+def test_lora_adapters_parse() -> None:
+    lora = {
+        "maxLoras": 2,
+        "maxLoraRank": 64,
+        "maxCpuLoras": 4,
+        "adapters": [adapter("sql", rank=64), {"name": "support-v2", "source": {"path": "loras/support"}}],
+    }
+    spec = parse(with_lora(lora, cache={"claimName": "weights"})).spec
+    assert spec.lora is not None
+    sql, support = spec.lora.adapters
+    assert sql.source.hugging_face is not None and sql.source.hugging_face.revision == COMMIT
+    assert sql.rank == 64 and support.source.path == "loras/support" and support.rank is None
+
+
+@pytest.mark.parametrize(
+    ("lora", "path", "message"),
+    [
+        ({"adapters": [adapter("sql"), adapter("chat"), adapter("sql")]}, "spec.lora.adapters[2].name",
+         "'sql' is also the name of adapters[0]; a request names its adapter, so names must be unique"),
+        ({"adapters": [adapter("Sql")]}, "spec.lora.adapters[0].name", api.ADAPTER_NAME_RULES[0].message),
+        ({"adapters": [adapter("sql.v2")]}, "spec.lora.adapters[0].name", api.ADAPTER_NAME_RULES[0].message),
+        ({"adapters": [adapter("sql-")]}, "spec.lora.adapters[0].name", api.ADAPTER_NAME_RULES[0].message),
+        ({"adapters": [adapter("a" * 64)]}, "spec.lora.adapters[0].name",
+         "String should have at most 63 characters"),
+        ({"adapters": [adapter("sql", rank=32)]}, "spec.lora.adapters[0].rank",
+         "32 exceeds maxLoraRank (16): vLLM refuses to load an adapter of a higher rank than its slots; "
+         "raise maxLoraRank to 32"),
+        ({"maxLoraRank": 64, "adapters": [adapter("sql", rank=100)]}, "spec.lora.adapters[0].rank",
+         "100 exceeds maxLoraRank (64): vLLM refuses to load an adapter of a higher rank than its slots; "
+         "raise maxLoraRank to 128"),
+        ({"maxLoraRank": 48}, "spec.lora.maxLoraRank",
+         "Input should be 1, 8, 16, 32, 64, 128, 256, 320 or 512"),
+        ({"maxLoras": 0}, "spec.lora.maxLoras", "Input should be greater than or equal to 1"),
+        ({"maxLoras": 4, "maxCpuLoras": 3}, "spec.lora.maxCpuLoras",
+         "3 is below maxLoras (4): every adapter in a GPU slot is also held in the CPU cache, and vLLM "
+         "refuses fewer"),
+        ({"adapters": [{"name": "sql", "source": {}}]}, "spec.lora.adapters[0].source.huggingFace",
+         "set exactly one of huggingFace or path"),
+        ({"adapters": [{"name": "sql", "source": HF_SOURCE | {"path": "loras/sql"}}]},
+         "spec.lora.adapters[0].source.path", "set exactly one of huggingFace or path"),
+        ({"adapters": [{"name": "sql"}]}, "spec.lora.adapters[0].source", "required field is missing"),
+        ({"adapters": [adapter("sql", source={"huggingFace": {"repo": "sql-lora", "revision": COMMIT}})]},
+         "spec.lora.adapters[0].source.huggingFace.repo", api.HF_REPO_RULES[0].message),
+        ({"adapters": [adapter("sql", source={"huggingFace": {"repo": "o/r", "revision": "main"}})]},
+         "spec.lora.adapters[0].source.huggingFace.revision", api.COMMIT_RULES[0].message),
+        ({"adapters": [adapter("sql", source={"huggingFace": {"repo": "o/r", "revision": COMMIT.upper()}})]},
+         "spec.lora.adapters[0].source.huggingFace.revision", api.COMMIT_RULES[0].message),
+        ({"adapters": [adapter("sql", source={"path": "/etc/loras"})]}, "spec.lora.adapters[0].source.path",
+         api.CACHE_PATH_RULES[1].message),
+        ({"adapters": [adapter("sql", source={"path": "loras/../../etc"})]},
+         "spec.lora.adapters[0].source.path", api.CACHE_PATH_RULES[2].message),
+        ({"adapters": [adapter("sql", source={"path": "loras/sql expert"})]},
+         "spec.lora.adapters[0].source.path", api.CACHE_PATH_RULES[0].message),
+        ({"max_loras": 2}, "spec.lora.max_loras", "unknown field"),
+    ],
+)  # fmt: skip
+def test_bad_lora_settings_name_their_field(lora: dict[str, Any], path: str, message: str) -> None:
+    assert problems(with_lora(lora, cache={"claimName": "weights"})) == [(path, message)]
+
+
+def test_dots_in_a_cache_path_are_fine_outside_a_dot_dot_segment() -> None:
+    lora = {"adapters": [adapter("sql", source={"path": "loras/sql..v2/.cache/x.y"})]}
+    assert parse(with_lora(lora, cache={"claimName": "weights"})).spec.lora is not None
+
+
+@pytest.mark.parametrize(
+    ("model", "name"),
+    [
+        ({"servedModelName": "qwen3"}, "qwen3"),
+        ({"name": "qwen3-32b", "checkpoint": {"quantization": "bf16", "weightSize": "65G"}}, "qwen3-32b"),
+    ],
+)
+def test_an_adapter_may_not_shadow_the_served_model_name(model: dict[str, Any], name: str) -> None:
+    found = problems(with_lora({"adapters": [adapter("sql"), adapter(name)]}, **model))
+    assert found == [(
+        "spec.lora.adapters[1].name",
+        f"'{name}' is the base model's served name (spec.model.servedModelName, else spec.model.name): "
+        "requests for it would reach the base model, and vLLM refuses to load an adapter of that name; "
+        "choose another",
+    )]  # fmt: skip
+
+
+def test_the_served_name_decides_not_the_checkpoint_name() -> None:
+    body = with_lora({"adapters": [adapter("qwen3-32b")]}, name="qwen3-32b", servedModelName="chat",
+                     checkpoint={"quantization": "bf16", "weightSize": "65G"})  # fmt: skip
+    assert parse(body).spec.served_model_name == "chat"
+
+
+def test_an_adapter_in_the_model_cache_needs_a_cache_claim() -> None:
+    lora = {"adapters": [adapter("sql"), adapter("support", source={"path": "loras/support"})]}
+    found = problems(with_lora(lora))
+    assert [p for p, _ in found] == ["spec.lora.adapters[1].source.path"]
+    assert found[0][1].startswith("an adapter in the model cache needs spec.model.cache.claimName")
+    assert parse(with_lora(lora, cache={"claimName": "weights"})).spec.lora is not None
+    assert parse(with_lora({"adapters": [adapter("sql")]})).spec.lora is not None  # Hugging Face: no claim
+
+
+def _lora_schema() -> dict[str, Any]:
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    return spec["properties"]["lora"]  # type: ignore[no-any-return]
+
+
+def test_the_crd_keys_adapters_by_name_so_the_api_server_refuses_duplicates() -> None:
+    adapters = _lora_schema()["properties"]["adapters"]
+    assert adapters["x-kubernetes-list-type"] == "map"
+    assert adapters["x-kubernetes-list-map-keys"] == ["name"]
+    assert "name" in adapters["items"]["required"]  # a list-map key must be required
+    assert adapters["maxItems"] == api.MAX_ADAPTERS  # bounds the cost of the rules that walk the list
+
+
+def test_the_crd_checks_the_lora_rules_with_cel() -> None:
+    lora = _lora_schema()
+    assert lora["properties"]["maxLoraRank"]["enum"] == [1, 8, 16, 32, 64, 128, 256, 320, 512]
+    rules = {r["fieldPath"]: r["rule"] for r in lora["x-kubernetes-validations"]}
+    assert rules[".adapters"] == (
+        "!has(self.adapters) || self.adapters.all(a, !has(a.rank) || a.rank <= "
+        "(has(self.maxLoraRank) ? self.maxLoraRank : 16))"
+    )
+    assert (
+        rules[".maxCpuLoras"]
+        == "!has(self.maxCpuLoras) || self.maxCpuLoras >= (has(self.maxLoras) ? self.maxLoras : 1)"
+    )
+    item = lora["properties"]["adapters"]["items"]["properties"]
+    assert item["name"]["x-kubernetes-validations"] == api.cel_rules(api.ADAPTER_NAME_RULES)
+    source = item["source"]
+    assert source["x-kubernetes-validations"] == [
+        {
+            "rule": "has(self.huggingFace) != has(self.path)",
+            "message": "set exactly one of huggingFace or path",
+        }
+    ]
+    assert source["properties"]["path"]["x-kubernetes-validations"] == api.cel_rules(api.CACHE_PATH_RULES)
+    revision = source["properties"]["huggingFace"]["properties"]["revision"]
+    assert revision["x-kubernetes-validations"] == api.cel_rules(api.COMMIT_RULES)
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    claim = {r["fieldPath"]: r for r in spec["x-kubernetes-validations"]}[".lora.adapters"]
+    assert "has(a.source.path)" in claim["rule"] and "has(self.model.cache.claimName)" in claim["rule"]

@@ -270,6 +270,16 @@ def check_case(case: dict[str, Any], parser: Any, root: Path) -> dict[str, Any]:
             config.speculative_config.num_speculative_tokens if config.speculative_config else None
         ),
         "reasoning_parser": config.structured_outputs_config.reasoning_parser or None,
+        "lora": (
+            None
+            if config.lora_config is None
+            else {
+                "max_loras": config.lora_config.max_loras,
+                "max_lora_rank": config.lora_config.max_lora_rank,
+                "max_cpu_loras": config.lora_config.max_cpu_loras,
+                "lora_dtype": str(config.lora_config.lora_dtype),
+            }
+        ),
     }
     problems += check_rope(config, rope_warnings.messages, facts)
 

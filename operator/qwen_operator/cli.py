@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from .api.catalog import GIB
 from .api.crd import crd
 from .api.review import Review, review
 from .api.spec import KIND, SpecError
@@ -92,6 +93,7 @@ def _table(r: Review) -> str:
         ("GPU nodes", d["nodeSelection"]),
         ("Weights per GPU", f"{d['weightsGiBPerGpu']} GiB"),
         ("Runtime memory per GPU", f"{d['runtimeGiBPerGpu']} GiB (profile peak, non-torch, CUDA graphs)"),
+        *_lora_rows(r),
         ("KV cache per GPU", f"{d['kvCacheGiBPerGpu']} GiB"),
         ("KV bytes per token", f"{d['kvBytesPerToken']:,}"),
         ("KV tokens per replica", f"{d['kvTokensPerReplica']:,}"),
@@ -118,6 +120,21 @@ def _table(r: Review) -> str:
     if r.command:
         lines.append("Engine: " + " ".join(_quote(a) for a in r.command))
     return "\n".join(lines)
+
+
+def _lora_rows(r: Review) -> list[tuple[str, str]]:
+    lora, memory = r.resource.spec.lora, r.plan.lora
+    if lora is None or memory is None:
+        return []
+    slots = f"{lora.max_loras} x rank {lora.max_lora_rank}"
+    return [
+        (
+            "LoRA per GPU",
+            f"{memory.total_bytes / GIB:.2f} GiB (slots {slots}: {memory.slot_bytes / GIB:.2f} GiB; "
+            f"buffers and extra CUDA graphs {(memory.total_bytes - memory.slot_bytes) / GIB:.2f} GiB)",
+        ),
+        ("LoRA adapters", f"{len(lora.adapters)} (held in host memory: {lora.effective_max_cpu_loras})"),
+    ]
 
 
 def _quote(arg: str) -> str:

@@ -114,6 +114,10 @@ def _sections(
         resolved = _unwrap_optional(prop, defs)
         if "properties" in resolved or "oneOf" in resolved:
             nested.append((field_path, resolved))
+        elif resolved.get("type") == "array":  # a list of the operator's own objects: one item's fields
+            items = _unwrap_optional(resolved.get("items", {}), defs)
+            if "properties" in items and not items.get("x-kubernetes-preserve-unknown-fields"):
+                nested.append((f"{field_path}[]", items))
     for field_path, resolved in nested:
         if "oneOf" in resolved:
             for member in resolved["oneOf"]:

@@ -86,6 +86,15 @@ OWNED_FLAGS: dict[str, Owned] = {
         "vLLM drains running requests for the grace period less the preStop and 5 s to exit",
     ),
     "--kv-cache-memory-bytes": Owned("spec.engine.gpuMemoryUtilization", _PLAN_MEMORY),
+    "--enable-lora": Owned("spec.lora"),
+    "--no-enable-lora": Owned("spec.lora"),
+    "--max-loras": Owned("spec.lora.maxLoras"),
+    "--max-lora-rank": Owned("spec.lora.maxLoraRank"),
+    "--max-cpu-loras": Owned("spec.lora.maxCpuLoras"),
+    "--lora-modules": Owned(
+        "spec.lora.adapters",
+        "the adapters are kept out of the engine pod, so that adding or removing one restarts no engine",
+    ),
     "--num-gpu-blocks-override": Owned("spec.engine.gpuMemoryUtilization", _PLAN_MEMORY),
 }
 
@@ -284,6 +293,15 @@ def engine_args(spec: QwenDeploymentSpec, plan: Plan) -> list[str]:
         args += ["--reasoning-parser", e.reasoning.parser]
     if e.tool_calling.enabled:
         args += ["--enable-auto-tool-choice", "--tool-call-parser", e.tool_calling.parser]
+    if spec.lora:
+        # Slot settings only: the adapters themselves are loaded at runtime (never --lora-modules), so
+        # that the pod template, and the engines, do not change with the list.
+        args += [
+            "--enable-lora",
+            "--max-loras", str(spec.lora.max_loras),
+            "--max-lora-rank", str(spec.lora.max_lora_rank),
+            "--max-cpu-loras", str(spec.lora.effective_max_cpu_loras),
+        ]  # fmt: skip
     return args + list(e.extra_args)
 
 

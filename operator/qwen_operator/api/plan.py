@@ -3,7 +3,8 @@
 Memory model per GPU, term by term as vLLM 0.32 budgets it at start-up (v1/worker/gpu_worker.py,
 determine_available_memory; docs/capacity-planning.md gives the sources and the calibration):
     usable = GPU memory (CUDA's total) x gpuMemoryUtilization
-    KV budget = usable - weights / (TP x PP) - profile peak - non-torch memory - CUDA-graph estimate
+    KV budget = usable - weights / (TP x PP) - LoRA slots - profile peak - non-torch memory
+                - CUDA-graph estimate
 where the profile peak is the larger of the dummy forward of maxNumBatchedTokens tokens and the dummy
 sampler pass over maxNumSeqs rows of the vocabulary (measured: tools/measure/activation_peak.py).
 A replica's KV tokens are the KV budget of its GPUs divided by the KV bytes of one token (each GPU
@@ -30,6 +31,7 @@ from .catalog import (
     online_fp8_bytes,
     same_size,
 )
+from .lora import LoraMemory, LoraShapes, lora_memory, slot_bytes
 from .spec import QwenDeploymentSpec
 
 # --- Runtime memory per GPU besides weights and KV cache (docs/capacity-planning.md) ---------------
@@ -151,6 +153,7 @@ class Plan:
     kv_budget_bytes_per_gpu: int = 0
     draft_kv_bytes_per_token: int = 0  # included in kv_bytes_per_token
     runtime: RuntimeMemory | None = None
+    lora: LoraMemory | None = None  # spec.lora's slots and buffers (None: LoRA off)
     kv_tokens_per_replica: int = 0
     max_concurrent_at_max_model_len: int = 0
     prefill_step_seconds: float | None = None  # the longest scheduler step: a full-budget prefill chunk
@@ -225,6 +228,7 @@ def make_plan(spec: QwenDeploymentSpec) -> Plan:
     _compute_memory(plan, spec, model, gpu)
     _check_prefill(plan, spec, model, gpu)
     _check_speculative(plan, spec)
+    _check_lora(plan, spec, model)
     return plan
 
 
@@ -458,21 +462,36 @@ def _compute_memory(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo, gpu:
     cuda_graphs = "--enforce-eager" not in e.extra_args
     runtime = runtime_memory(model, tp, e.max_num_batched_tokens, e.max_num_seqs, cuda_graphs)
     plan.runtime = runtime
+    if spec.lora is not None:
+        plan.lora = lora_memory(
+            model,
+            tp,
+            pp,
+            spec.lora.max_loras,
+            spec.lora.max_lora_rank,
+            e.max_num_batched_tokens,
+            e.max_num_seqs,
+            cuda_graphs,
+        )
+    lora_bytes = plan.lora.total_bytes if plan.lora else 0
     usable = int(gpu.memory_bytes * e.gpu_memory_utilization)
-    budget = usable - plan.weights_bytes_per_gpu - runtime.total_bytes
+    budget = usable - plan.weights_bytes_per_gpu - lora_bytes - runtime.total_bytes
     plan.kv_budget_bytes_per_gpu = max(budget, 0)
     # Each GPU holds 1/TP of the KV heads (one replicated head beyond them) and 1/PP of the layers.
     plan.kv_tokens_per_replica = kv_tokens(budget, model.kv_shards(tp) * pp, plan.kv_bytes_per_token)
     plan.max_concurrent_at_max_model_len = plan.kv_tokens_per_replica // plan.max_model_len
-    needed = plan.weights_bytes_per_gpu + runtime.total_bytes
+    needed = plan.weights_bytes_per_gpu + lora_bytes + runtime.total_bytes
+    lora_term = f" plus {gib(lora_bytes)} for LoRA (spec.lora)" if plan.lora else ""
+    fewer_slots = ", fewer LoRA slots or a lower maxLoraRank" if plan.lora else ""
     if budget <= 0:
         plan.does_not_fit(
             "spec.gpu.type",
-            f"weights need {gib(plan.weights_bytes_per_gpu)} per GPU plus {gib(runtime.total_bytes)} "
-            f"runtime ({_runtime_terms(runtime, e.max_num_batched_tokens, e.max_num_seqs)}) = "
+            f"weights need {gib(plan.weights_bytes_per_gpu)} per GPU{lora_term} plus "
+            f"{gib(runtime.total_bytes)} runtime "
+            f"({_runtime_terms(runtime, e.max_num_batched_tokens, e.max_num_seqs)}) = "
             f"{gib(needed)}, but {gpu.type} offers {gib(usable)} at gpuMemoryUtilization "
             f"{e.gpu_memory_utilization}; use more GPUs (spec.parallelism.tensor), a quantized "
-            "checkpoint, a larger GPU or a smaller maxNumBatchedTokens",
+            f"checkpoint, a larger GPU or a smaller maxNumBatchedTokens{fewer_slots}",
         )
     elif plan.max_concurrent_at_max_model_len < 1:
         seq = plan.max_model_len * plan.kv_bytes_per_token
@@ -480,9 +499,10 @@ def _compute_memory(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo, gpu:
             "spec.engine.maxModelLen",
             f"one {plan.max_model_len}-token sequence needs {gib(seq)} of KV cache but a replica has "
             f"{gib(plan.kv_budget_bytes_per_gpu * tp * pp)} ({plan.kv_tokens_per_replica} tokens) after "
-            f"{gib(plan.weights_bytes_per_gpu)} of weights and {gib(runtime.total_bytes)} runtime "
+            f"{gib(plan.weights_bytes_per_gpu)} of weights{lora_term} and {gib(runtime.total_bytes)} runtime "
             f"({_runtime_terms(runtime, e.max_num_batched_tokens, e.max_num_seqs)}) per GPU; lower "
-            "maxModelLen or maxNumBatchedTokens, use kvCacheDtype fp8, more GPUs or a quantized checkpoint",
+            "maxModelLen or maxNumBatchedTokens, use kvCacheDtype fp8, more GPUs or a quantized "
+            f"checkpoint{fewer_slots}",
         )
     elif plan.max_concurrent_at_max_model_len < LOW_CONCURRENCY:
         plan.warn(
@@ -590,3 +610,58 @@ def _check_speculative(plan: Plan, spec: QwenDeploymentSpec) -> None:
             "table only for EAGLE drafts, so long requests would index past it; keep maxModelLen at "
             f"{positions} or less with a draft model, or use ngram speculation",
         )
+
+
+def _check_lora(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo) -> None:
+    lora = spec.lora
+    if lora is None:
+        return
+    adapters, slots = len(lora.adapters), lora.max_loras
+    if adapters > slots:
+        per_slot = slot_bytes(
+            LoraShapes.of(model),
+            plan.tensor_parallel_size,
+            plan.pipeline_parallel_size,
+            1,
+            lora.max_lora_rank,
+        )
+        plan.warn(
+            "spec.lora.maxLoras",
+            f"{adapters} adapters share {slots} GPU slot(s): a batch holds requests for at most {slots} "
+            "adapter(s), and vLLM's scheduler holds back requests for any other until a running one "
+            f"finishes, so adapters used at the same time take turns; maxLoras {adapters} would cost "
+            f"{gib((adapters - slots) * per_slot)} more per GPU",
+        )
+    cpu = lora.effective_max_cpu_loras
+    if adapters > cpu:
+        plan.warn(
+            "spec.lora.maxCpuLoras",
+            f"{adapters} adapters but maxCpuLoras {cpu}"
+            + (" (default: maxLoras)" if lora.max_cpu_loras is None else "")
+            + ": each engine keeps the most recently used in host memory and reads an evicted one from "
+            f"its files again on its next request; set maxCpuLoras to {adapters} to keep them all loaded",
+        )
+    if slots > spec.engine.max_num_seqs:
+        plan.warn(
+            "spec.lora.maxLoras",
+            f"{slots} slots but maxNumSeqs {spec.engine.max_num_seqs}: a batch never holds more requests "
+            "than that, so the extra slots only take GPU memory",
+        )
+    servers = _api_server_count(spec.engine.extra_args)
+    if servers is not None and servers[1] > 1:
+        # vllm/entrypoints/cli/serve.py refuses the pair at start-up.
+        plan.invalid(
+            f"spec.engine.extraArgs[{servers[0]}]",
+            f"--api-server-count {servers[1]} cannot be combined with spec.lora: vLLM 0.32 loads adapters "
+            "at runtime (VLLM_ALLOW_RUNTIME_LORA_UPDATING) only with one API server",
+        )
+
+
+def _api_server_count(args: list[str]) -> tuple[int, int] | None:
+    """(index, value) of --api-server-count (or -asc) in extraArgs, when its value is an integer."""
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name.replace("_", "-") in ("--api-server-count", "-asc"):
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            return (i, int(value)) if value.lstrip("-").isdigit() else None
+    return None

@@ -55,6 +55,7 @@ class Review:
             "weightsGiBPerGpu": round(p.weights_bytes_per_gpu / GIB, 2),
             "kvCacheGiBPerGpu": round(p.kv_budget_bytes_per_gpu / GIB, 2),
             "runtimeGiBPerGpu": round(p.runtime.total_bytes / GIB, 2) if p.runtime else None,
+            "loraGiBPerGpu": round(p.lora.total_bytes / GIB, 2) if p.lora else None,
             "kvBytesPerToken": p.kv_bytes_per_token,
             "kvTokensPerReplica": p.kv_tokens_per_replica,
             "maxModelLen": p.max_model_len,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -199,6 +199,7 @@ OPERATOR_ENV: dict[str, str | None] = {
     "HF_HUB_OFFLINE": "spec.model.offline",
     "HF_TOKEN": "spec.model.hfTokenSecret",
     "VLLM_API_KEY": "spec.engine.apiKeySecret",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "spec.lora",
     "VLLM_NO_USAGE_STATS": None,
     "DO_NOT_TRACK": None,
 }
@@ -689,6 +690,219 @@ class Engine(Model):
     )
 
 
+# --- LoRA adapters ----------------------------------------------------------------------------------
+
+#: --max-lora-rank values vLLM 0.32 accepts (vllm/config/lora.py `MaxLoRARanks`).
+MaxLoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+#: vLLM's defaults (config/lora.py LoRAConfig), restated in the CEL rules, which see no defaults.
+DEFAULT_MAX_LORAS = 1
+DEFAULT_MAX_LORA_RANK: MaxLoraRank = 16
+#: Most adapters one resource declares (bounds the cost of the CEL rules that walk the list).
+MAX_ADAPTERS = 128
+
+ADAPTER_NAME_RULES = (
+    StringRule(
+        "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        "lowercase letters, digits and '-', starting and ending with a letter or digit (a DNS label, "
+        "so that it can name Kubernetes objects and label values); clients send it as the model",
+    ),
+)
+HF_REPO_RULES = (
+    StringRule(
+        "^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*$",
+        "a Hugging Face repository id, owner/name (e.g. my-org/qwen3-32b-sql-lora)",
+    ),
+)
+COMMIT_RULES = (
+    StringRule(
+        "^[0-9a-f]{40}$",
+        "a commit hash (40 lowercase hex digits): a branch or tag can move, and replicas that load the "
+        "adapter at different times would serve different weights",
+    ),
+)
+CACHE_PATH_RULES = (
+    StringRule("^[-A-Za-z0-9_./]+$", "letters, digits, '-', '_', '.' and '/' only"),
+    StringRule(
+        "^/",
+        "a path relative to the root of the model cache volume (e.g. loras/sql-expert), not an absolute one",
+        must_match=False,
+    ),
+    StringRule("(^|/)[.][.](/|$)", "'..' would leave the model cache volume", must_match=False),
+)
+
+
+def _cel(rules: tuple[StringRule, ...]) -> dict[str, Any]:
+    return {"x-kubernetes-validations": cel_rules(rules)}
+
+
+# Field first: the length limits apply to the string before the rules run.
+AdapterName = Annotated[
+    str,
+    Field(min_length=1, max_length=63, json_schema_extra=_cel(ADAPTER_NAME_RULES)),
+    checked_by(ADAPTER_NAME_RULES),
+]
+HfRepo = Annotated[
+    str, Field(min_length=3, max_length=200, json_schema_extra=_cel(HF_REPO_RULES)), checked_by(HF_REPO_RULES)
+]
+CommitHash = Annotated[
+    str, Field(max_length=40, json_schema_extra=_cel(COMMIT_RULES)), checked_by(COMMIT_RULES)
+]
+CachePath = Annotated[
+    str,
+    Field(min_length=1, max_length=512, json_schema_extra=_cel(CACHE_PATH_RULES)),
+    checked_by(CACHE_PATH_RULES),
+]
+
+
+class HuggingFaceAdapter(Model):
+    """An adapter in a Hugging Face repository, at one commit."""
+
+    repo: HfRepo = Field(description="Repository id, owner/name.")
+    revision: CommitHash = Field(
+        description="Commit hash (40 hex digits) to load; branches and tags move, so they are refused."
+    )
+
+
+_ONE_SOURCE = "set exactly one of huggingFace or path"
+
+
+class AdapterSource(Model):
+    """Where an adapter's files (adapter_config.json, adapter_model.safetensors) come from."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "has(self.huggingFace) != has(self.path)", "message": _ONE_SOURCE}
+            ]
+        }
+    )
+
+    hugging_face: HuggingFaceAdapter | None = Field(
+        default=None, description="A Hugging Face repository at a pinned commit."
+    )
+    path: CachePath | None = Field(
+        default=None,
+        description="A directory in the model cache volume, relative to its root (needs "
+        "spec.model.cache.claimName: an emptyDir cache starts empty).",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> AdapterSource:
+        if (self.hugging_face is None) == (self.path is None):
+            raise field_error("huggingFace" if self.hugging_face is None else "path", _ONE_SOURCE)
+        return self
+
+
+class LoraAdapter(Model):
+    """One LoRA adapter of Qwen3-32B, served under its own model name."""
+
+    name: AdapterName = Field(description="Model name clients send in `model` to use this adapter.")
+    source: AdapterSource = Field(description="Where its files come from.")
+    rank: int | None = Field(
+        default=None,
+        ge=1,
+        le=512,
+        description="Its rank (`r` in adapter_config.json), if known: checked against maxLoraRank here "
+        "instead of when vLLM loads it.",
+    )
+
+
+_RANK_OVER_MAX = (
+    "an adapter's rank exceeds maxLoraRank (default 16): vLLM refuses to load an adapter of a higher rank "
+    "than its slots; raise maxLoraRank"
+)
+_CPU_BELOW_SLOTS = (
+    "maxCpuLoras must be at least maxLoras (default 1): every adapter in a GPU slot is also held in the "
+    "CPU cache, and vLLM refuses fewer"
+)
+
+
+def _allowed_rank_at_least(rank: int) -> int:
+    return next(r for r in get_args(MaxLoraRank) if r >= rank)
+
+
+class Lora(Model):
+    """LoRA adapters served beside the base model. The slot settings (maxLoras, maxLoraRank,
+    maxCpuLoras) are engine flags, so changing them restarts the engines; the adapter list is kept out
+    of the engine pod (adapters are loaded into running engines), so changing it does not."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"!has(self.adapters) || self.adapters.all(a, !has(a.rank) || a.rank <= "
+                    f"(has(self.maxLoraRank) ? self.maxLoraRank : {DEFAULT_MAX_LORA_RANK}))",
+                    "message": _RANK_OVER_MAX,
+                    "fieldPath": ".adapters",
+                },
+                {
+                    "rule": "!has(self.maxCpuLoras) || self.maxCpuLoras >= "
+                    f"(has(self.maxLoras) ? self.maxLoras : {DEFAULT_MAX_LORAS})",
+                    "message": _CPU_BELOW_SLOTS,
+                    "fieldPath": ".maxCpuLoras",
+                },
+            ]
+        }
+    )
+
+    max_loras: int = Field(
+        default=DEFAULT_MAX_LORAS,
+        ge=1,
+        description="GPU slots: adapters one batch can use at once (--max-loras). Each slot holds an "
+        "adapter of maxLoraRank in every layer it targets, memory taken from the KV cache "
+        "(status.plan.loraGiBPerGpu).",
+    )
+    max_lora_rank: MaxLoraRank = Field(
+        default=DEFAULT_MAX_LORA_RANK,
+        description="Rank every slot is sized for (--max-lora-rank): one of 1, 8, 16, 32, 64, 128, 256, "
+        "320, 512; an adapter of a higher rank cannot be loaded.",
+    )
+    max_cpu_loras: int | None = Field(
+        default=None,
+        ge=1,
+        description="Adapters each engine keeps loaded in host memory (--max-cpu-loras); the least "
+        "recently used beyond it is dropped and read from its files again when next requested. Default: "
+        "maxLoras.",
+    )
+    adapters: list[LoraAdapter] = Field(
+        default_factory=list,
+        max_length=MAX_ADAPTERS,
+        description="The adapters, each requested by its name. Not part of the engine pod: adding or "
+        "removing one restarts no engine (docs/lora.md).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+    @property
+    def effective_max_cpu_loras(self) -> int:
+        return self.max_loras if self.max_cpu_loras is None else self.max_cpu_loras
+
+    @model_validator(mode="after")
+    def _adapters_fit_the_slots(self) -> Lora:
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise field_error(
+                "maxCpuLoras",
+                f"{self.max_cpu_loras} is below maxLoras ({self.max_loras}): every adapter in a GPU slot is "
+                "also held in the CPU cache, and vLLM refuses fewer",
+            )
+        first: dict[str, int] = {}
+        for i, adapter in enumerate(self.adapters):
+            if adapter.name in first:
+                raise field_error(
+                    f"adapters[{i}].name",
+                    f"{adapter.name!r} is also the name of adapters[{first[adapter.name]}]; a request names "
+                    "its adapter, so names must be unique",
+                )
+            first[adapter.name] = i
+            if adapter.rank is not None and adapter.rank > self.max_lora_rank:
+                raise field_error(
+                    f"adapters[{i}].rank",
+                    f"{adapter.rank} exceeds maxLoraRank ({self.max_lora_rank}): vLLM refuses to load an "
+                    "adapter of a higher rank than its slots; raise maxLoraRank to "
+                    f"{_allowed_rank_at_least(adapter.rank)}",
+                )
+        return self
+
+
 class ScalingBehavior(Model):
     """HPA behaviour: add replicas fast, remove them slowly. Engines take minutes to start, so the
     defaults follow the engine's start-up budget (engine.probes.startupSeconds, default from the
@@ -897,6 +1111,12 @@ class Monitoring(Model):
     interval: str = Field(default="15s", pattern=r"^[0-9]+(ms|s|m)$", description="Scrape interval.")
 
 
+_PATH_NEEDS_CLAIM = (
+    "an adapter in the model cache needs spec.model.cache.claimName: without it the cache is an emptyDir "
+    "that starts empty; name a prefilled PersistentVolumeClaim there, or use source.huggingFace"
+)
+
+
 class QwenDeploymentSpec(Model):
     """Desired state of one Qwen3 serving deployment."""
 
@@ -914,6 +1134,13 @@ class QwenDeploymentSpec(Model):
                     "message": "autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
                     "fieldPath": ".autoscaling.minReplicas",
                 },
+                {
+                    "rule": "!has(self.lora) || !has(self.lora.adapters) || "
+                    "!self.lora.adapters.exists(a, has(a.source.path)) || "
+                    "(has(self.model.cache) && has(self.model.cache.claimName))",
+                    "message": _PATH_NEEDS_CLAIM,
+                    "fieldPath": ".lora.adapters",
+                },
             ]
         }
     )
@@ -922,6 +1149,11 @@ class QwenDeploymentSpec(Model):
     gpu: GpuPool = Field(description="GPU node pool.")
     parallelism: Parallelism = Field(default_factory=Parallelism, description="Parallelism per replica.")
     engine: Engine = Field(default_factory=Engine, description="vLLM engine settings.")
+    lora: Lora | None = Field(
+        default=None,
+        description="LoRA adapters served beside the base model, each under its own model name "
+        "(docs/lora.md). Unset: LoRA off.",
+    )
     replicas: int | None = Field(default=None, ge=0, le=1000, description="Fixed replicas (default 1).")
     autoscaling: Autoscaling | None = Field(default=None, description="Queue-depth autoscaling.")
     gateway: Gateway = Field(default_factory=Gateway, description="Client-facing gateway.")
@@ -937,6 +1169,28 @@ class QwenDeploymentSpec(Model):
     def _replicas_xor_autoscaling(self) -> QwenDeploymentSpec:
         if self.replicas is not None and self.autoscaling is not None:
             raise field_error("replicas", "set either replicas or autoscaling, not both")
+        return self
+
+    @property
+    def served_model_name(self) -> str:
+        """The name clients send for the base model."""
+        return self.model.served_model_name or self.model.name
+
+    @model_validator(mode="after")
+    def _adapters_beside_the_model(self) -> QwenDeploymentSpec:
+        # Not a CEL rule: model.name and servedModelName have no maxLength, so comparing them with every
+        # adapter's name has no cost bound the API server would accept.
+        adapters = self.lora.adapters if self.lora else []
+        for i, adapter in enumerate(adapters):
+            if adapter.name == self.served_model_name:
+                raise field_error(
+                    f"lora.adapters[{i}].name",
+                    f"{adapter.name!r} is the base model's served name (spec.model.servedModelName, else "
+                    "spec.model.name): requests for it would reach the base model, and vLLM refuses to "
+                    "load an adapter of that name; choose another",
+                )
+            if adapter.source.path is not None and self.model.cache.claim_name is None:
+                raise field_error(f"lora.adapters[{i}].source.path", _PATH_NEEDS_CLAIM)
         return self
 
     @property

@@ -53,6 +53,10 @@ def _env(review: Review) -> list[dict[str, Any]]:
         env.append(
             {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": key.name, "key": key.key}}}
         )
+    if spec.lora:
+        # /v1/load_lora_adapter and /v1/unload_lora_adapter, through which the operator changes the
+        # adapters without a restart; the gateway never forwards them (only the OpenAI routes).
+        env.append({"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "true"})
     return env + list(spec.engine.env)
 
 

@@ -23,17 +23,28 @@ import re
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway_bench import API_KEY, SERVED, _chat_body, _cr, _nginx_headers, _round_robin
+from gateway_bench import (
+    API_KEY,
+    SERVED,
+    WORDS,
+    _chat_body,
+    _cr,
+    _nginx_headers,
+    _round_robin,
+    _spawn_engines,
+)
 
 from qwen_devtools.net import LOOPBACK, metric_sum
-from qwen_devtools.procs import tree_cpu_seconds
+from qwen_devtools.procs import tree_cpu_seconds, wait_ready
+from qwen_devtools.realparts.benchmodel import bench_model
 from qwen_devtools.realparts.compare import THROUGHPUT, Comparison, repeat_rounds, ttft_ms, write_report
+from qwen_devtools.realparts.engine import ENGINE_START_SECONDS, SERVED_MODEL
 from qwen_devtools.realparts.gateway import GatewayStack, start_gateway
-from qwen_devtools.realparts.load import Target, closed_loop
+from qwen_devtools.realparts.load import Body, Target, closed_loop, token_ids
 from qwen_devtools.realparts.sim import H100_32B, SIM_VERSION, start_sims
 from qwen_operator.api.review import review
 from qwen_operator.versions import VLLM_ROUTER
@@ -87,7 +98,7 @@ VARIANTS: dict[str, Edit | None] = {
     "unbuffered stdout log": _nginx(r"(access_log /dev/stdout gateway) buffer=\S+ flush=\S+;", r"\1;"),
     "syslog feed": _syslog_feed,
     "no access logs": _nginx(r"^(\s*)access_log (/|syslog).*$", r"\1access_log off;"),
-    "1 nginx worker": _nginx(r"^worker_processes \d+;", "worker_processes 1;"),
+    "2 nginx workers": _nginx(r"^worker_processes \d+;", "worker_processes 2;"),
     "no body maps": _nginx(r"map \$request_body \$(\w+) \{", r"map $request_id $\1 {"),
     "no upstream keepalive": _nginx(r"^\s*keepalive(_timeout)? .*$", ""),
     "no key check, no limits": lambda n, t: _nginx(r"^\s*(limit_req|limit_conn) .*$", "")(
@@ -97,73 +108,99 @@ VARIANTS: dict[str, Edit | None] = {
 
 
 @contextlib.contextmanager
-def _gateways(urls: Sequence[str]) -> Iterator[dict[str, GatewayStack]]:
+def _gateways(urls: Sequence[str], only: Sequence[str]) -> Iterator[dict[str, GatewayStack]]:
     rev = review(_cr())
     with contextlib.ExitStack() as stack:
         yield {
             name: stack.enter_context(start_gateway(rev, urls, {"bench": API_KEY}, edit=edit))
             for name, edit in VARIANTS.items()
+            if name == "gateway" or not only or name in only
         }
+
+
+@contextlib.asynccontextmanager
+async def _engines(args: argparse.Namespace, logs: Path) -> AsyncIterator[tuple[list[str], Body]]:
+    """Two simulated engines, or with --cpu two vLLM CPU engines as gateway_bench starts them."""
+    if not args.cpu:
+        with start_sims(2, 4096, MAX_NUM_SEQS, 4096, H100_32B, logs) as sims:
+            yield [s.url for s in sims], _chat_body(None)
+        return
+    engines = _spawn_engines(bench_model(256, 4), review(_cr()), 2, logs)
+    try:
+        for engine in engines:
+            wait_ready(engine, "/health", ENGINE_START_SECONDS)
+        urls = [e.url for e in engines]
+        yield urls, _chat_body(sorted(set(await token_ids(urls[0], SERVED_MODEL, WORDS))))
+    finally:
+        for engine in engines:
+            engine.stop()
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     logs = Path(tempfile.mkdtemp(prefix="qwen-gateway-profile-"))
-    with (
-        start_sims(2, 4096, MAX_NUM_SEQS, 4096, H100_32B, logs) as sims,
-        _gateways([s.url for s in sims]) as stacks,
-    ):
-        urls = [s.url for s in sims]
-        auth = {"Authorization": f"Bearer {API_KEY}"}
-        targets: dict[str, Target] = {n: _round_robin([s.url], lambda: dict(auth)) for n, s in stacks.items()}
-        targets["vllm-router"] = _round_robin([stacks["gateway"].router_url], _nginx_headers)
-        targets["direct"] = _round_robin(urls)
-        procs = {n: dict(s.procs) for n, s in stacks.items()}
-        procs["vllm-router"] = {"router": stacks["gateway"].procs["router"]}
-        procs["direct"] = {}
-        names = list(targets)
-        measures = [ttft_ms(50, "streamed TTFT"), THROUGHPUT]
-        comparisons = {n: Comparison(f"{n} streams (sim)", names, measures) for n in STREAMS}
-        cpu = {n: dict.fromkeys(procs[n], 0.0) for n in names}
-        finished = dict.fromkeys(names, 0)
-        served = {n: [0.0] * len(urls) for n in names}
-        body = _chat_body(None)
+    part = "cpu" if args.cpu else "sim"
+    async with _engines(args, logs) as (urls, body):
+        with _gateways(urls, args.variants) as stacks:
+            auth = {"Authorization": f"Bearer {API_KEY}"}
+            targets: dict[str, Target] = {
+                n: _round_robin([s.url], lambda: dict(auth)) for n, s in stacks.items()
+            }
+            targets["vllm-router"] = _round_robin([stacks["gateway"].router_url], _nginx_headers)
+            targets["direct"] = _round_robin(urls)
+            procs = {n: dict(s.procs) for n, s in stacks.items()}
+            procs["vllm-router"] = {"router": stacks["gateway"].procs["router"]}
+            procs["direct"] = {}
+            names = list(targets)
+            measures = [ttft_ms(50, "streamed TTFT"), THROUGHPUT]
+            comparisons = {n: Comparison(f"{n} streams ({part})", names, measures) for n in STREAMS}
+            cpu = {n: dict.fromkeys(procs[n], 0.0) for n in names}
+            finished = dict.fromkeys(names, 0)
+            served = {n: [0.0] * len(urls) for n in names}
 
-        def counts() -> list[float]:
-            return [metric_sum(f"{url}/metrics", SERVED) for url in urls]
+            def counts() -> list[float]:
+                return [metric_sum(f"{url}/metrics", SERVED) for url in urls]
 
-        async def one_round(round_no: int) -> None:
-            order = names[round_no % len(names) :] + names[: round_no % len(names)]
-            for streams in STREAMS:
-                for name in order:
-                    before, cpu_before = (
-                        counts(),
-                        {p: tree_cpu_seconds(q.pid) for p, q in procs[name].items()},
-                    )
-                    run = await closed_loop(targets[name], body, streams, args.seconds, ramp=args.ramp)
-                    for p, q in procs[name].items():
-                        cpu[name][p] += tree_cpu_seconds(q.pid) - cpu_before[p]
-                    served[name] = [t + a - b for t, a, b in zip(served[name], counts(), before, strict=True)]
-                    finished[name] += len(run.ok())
-                    comparisons[streams].record(name, run)
+            async def one_round(round_no: int) -> None:
+                order = names[round_no % len(names) :] + names[: round_no % len(names)]
+                for streams in STREAMS:
+                    for name in order:
+                        before, cpu_before = (
+                            counts(),
+                            {p: tree_cpu_seconds(q.pid) for p, q in procs[name].items()},
+                        )
+                        run = await closed_loop(targets[name], body, streams, args.seconds, ramp=args.ramp)
+                        for p, q in procs[name].items():
+                            cpu[name][p] += tree_cpu_seconds(q.pid) - cpu_before[p]
+                        served[name] = [
+                            t + a - b for t, a, b in zip(served[name], counts(), before, strict=True)
+                        ]
+                        finished[name] += len(run.ok())
+                        comparisons[streams].record(name, run)
 
-        for name in names:
-            await closed_loop(targets[name], body, 4, 1.0)
-        why = await repeat_rounds(
-            one_round, list(comparisons.values()), args.min_rounds, args.max_rounds, args.budget
-        )
+            for name in names:
+                await closed_loop(targets[name], body, 4, 1.0)
+            why = await repeat_rounds(
+                one_round, list(comparisons.values()), args.min_rounds, args.max_rounds, args.budget
+            )
     per_request = {n: {p: s * 1000 / max(1, finished[n]) for p, s in cpu[n].items()} for n in names}
     total = {n: sum(per_request[n].values()) for n in names}
     rows = [
-        {"measure": "proxy CPU per request (sim)", "variant": n, "value": round(total[n], 3), "unit": "ms",
+        {"measure": f"proxy CPU per request ({part})", "variant": n, "value": round(total[n], 3),
+         "unit": "ms",
          "baseline": None if n == "gateway" else "gateway",
          "ratio": None if n == "gateway" or not total["gateway"] else round(total[n] / total["gateway"], 3),
          "spread": None}
         for n in names
         if n != "direct"
     ]  # fmt: skip
+    engines = (
+        f"2 vLLM CPU engines as in the gateway scenario, maxNumSeqs {MAX_NUM_SEQS}"
+        if args.cpu
+        else f"2 llm-d-inference-sim {SIM_VERSION} replicas, maxNumSeqs {MAX_NUM_SEQS}; {H100_32B.cite()}"
+    )
     notes = [
-        f"2 llm-d-inference-sim {SIM_VERSION} replicas, maxNumSeqs {MAX_NUM_SEQS}; {H100_32B.cite()}",
+        engines,
         f"gateway: nginx + vllm-router {VLLM_ROUTER} as rendered (default policy, API key); every other "
         "gateway variant differs from it by one change; vllm-router: alone, sent nginx's two headers",
         f"{why}; requests finished per engine: "
@@ -177,14 +214,6 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     ]
     for comparison in comparisons.values():
         comparison.print()
-    print("\n   CPU ms per finished request (16 and 64 streams together)")
-    for name in names:
-        parts = [
-            f"{r['measure'].removeprefix('CPU per request: ')} {r['value']}"
-            for r in rows
-            if r["variant"] == name
-        ]
-        print(f"   {name:28} {', '.join(parts)}")
     for note in notes:
         print("   -", note)
     title = "Gateway profile: one setting at a time"
@@ -203,6 +232,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run (about two minutes)")
     parser.add_argument("--json", type=Path, help="write the scenario's JSON (bench suite contract) here")
+    parser.add_argument(
+        "--cpu", action="store_true", help="on two vLLM CPU engines instead of simulated ones"
+    )
+    parser.add_argument("--variants", nargs="*", default=(), help="these variants only (and the gateway)")
     args = parser.parse_args()
     args.seconds = 2.0 if args.quick else 4.0
     args.ramp = 0.5

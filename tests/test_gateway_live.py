@@ -522,7 +522,7 @@ def test_the_exporters_log_rotates_under_load_and_keeps_counting(live: Live) -> 
 
     count = "qwen_gateway_http_response_count_total"
     block = int(gateway.nginx.LOG_BUFFER.removesuffix("k")) * 1024
-    workers = 2
+    workers = gateway.nginx.NGINX_WORKERS
     with start_gateway(live.review, [e.url for e in live.engines[:2]], KEYS, edit=small_rotation) as stack:
         log = Path(stack.wiring.access_log)
         sent, started = 0, time.monotonic()

@@ -22,6 +22,10 @@ from .wiring import POD, Wiring
 
 #: Routes clients may call; everything else (engine admin routes included) gets a JSON 404.
 OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+#: One event loop proxies thousands of requests per second, far more than a gateway pod's engines serve;
+#: a second worker used more CPU per request and slowed streams where cores were scarce
+#: (bench/gateway_profile_bench.py, docs/gateway.md "What the gateway costs").
+NGINX_WORKERS = 1
 #: Access-log writes: a block of lines at a time, never held longer than the flush time.
 LOG_BUFFER = "16k"
 LOG_FLUSH = "1s"
@@ -59,7 +63,7 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
         "deployment": f"{qd.metadata.namespace}/{qd.metadata.name}",
         "auth": names.api_keys_secret(qd) is not None,
         "engine_key": names.engine_key(qd) is not None,
-        "worker_processes": 2,
+        "worker_processes": NGINX_WORKERS,
         # each proxied request holds a client and an upstream connection
         "worker_connections": max(4096, 4 * limits.in_flight),
         "request_timeout": review.plan.request_timeout_seconds,

@@ -433,6 +433,20 @@ def test_hub_adapter_is_downloaded_in_the_background(fake: FakeVllm, tmp_path: P
     assert [s.repo for s in fetched].count("my-org/broken") == 2
 
 
+def test_hub_adapter_already_in_the_cache_is_not_downloaded(fake: FakeVllm, tmp_path: Path) -> None:
+    hub = HubSource("my-org/sql-lora", COMMIT)
+    snapshot = hub_snapshot(hub, tmp_path)
+    _adapter_dir(tmp_path, str(snapshot.relative_to(tmp_path)))
+    (snapshot / "adapter_model.safetensors").write_bytes(b"")
+
+    def download(source: HubSource, cache_dir: Path) -> Path:
+        raise AssertionError("no Hub call for a commit already in the cache")
+
+    syncer, desired, _ = _syncer(fake, tmp_path, download=download)
+    _write(desired, Adapter("sql", hub=hub))
+    assert syncer.sync_once().status()["adapters"] == {"sql": {"loaded": True, "error": None}}
+
+
 def test_hub_download_finds_a_cached_commit_offline(tmp_path: Path) -> None:
     """The real huggingface_hub (no internet here): a commit already in the cache is found offline, at
     the path hub_snapshot computes. A download from the Hub itself is not tested here."""

@@ -134,6 +134,14 @@ class Engine:
         return None if answer.status_code in (200, 404) else error_message(answer.status_code, answer.text)
 
 
+def complete_snapshot(snapshot: Path) -> bool:
+    """Whether a Hub snapshot holds a loadable adapter. huggingface_hub links a file into the snapshot
+    only once it is whole, so a present file is complete; an interrupted download lacks some."""
+    return (snapshot / "adapter_config.json").is_file() and any(
+        (snapshot / f"adapter_model.{ext}").is_file() for ext in ("safetensors", "bin", "pt")
+    )
+
+
 def hub_download(hub: HubSource, cache_dir: Path) -> Path:
     """Download a commit of a Hugging Face repository into cache_dir (or find it there); HF_TOKEN in the
     environment is used for private repositories."""
@@ -285,9 +293,12 @@ class Syncer:
         return False
 
     def _fetched(self, name: str, hub: HubSource, want: str) -> bool:
-        """True once this process has the commit in the cache; otherwise start (or check on) its
-        download in the background, so that a large adapter never holds up the others."""
+        """True once the commit is in the cache; otherwise start (or check on) its download in the
+        background, so that a large adapter never holds up the others."""
         if hub in self.downloaded:
+            return True
+        if complete_snapshot(Path(want)):  # a restart, or a cache filled beforehand: no Hub call needed
+            self.downloaded.add(hub)
             return True
         future = self.downloads.get(hub)
         if future is None:

@@ -1,4 +1,6 @@
-"""`qwen-operator`: run the operator, or plan and render QwenDeployments offline (reviews, GitOps, CI).
+"""`qwen-operator`: run the operator or its lora-sync sidecar, or plan and render QwenDeployments offline.
+
+Planning and rendering serve reviews, GitOps and CI.
 
 Exit codes: 0 valid and fits; 1 invalid or does not fit (each error on stderr as `path: reason`);
 2 usage errors (unreadable file, not a QwenDeployment).
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -18,6 +21,8 @@ import yaml
 
 from .api.catalog import GIB
 from .api.crd import crd
+from .api.engine import ENGINE_PORT
+from .api.lorafile import DESIRED_FILE, SIDECAR_PORT
 from .api.review import Review, review
 from .api.spec import KIND, SpecError
 from .leader import (
@@ -219,6 +224,76 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_lora_sync(args: argparse.Namespace) -> int:
+    from . import lorasync  # requests and the HTTP server are not needed by the other commands
+
+    if args.interval <= 0:
+        raise UsageError("--interval must be positive")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    settings = lorasync.Settings(
+        desired_file=Path(args.desired_file),
+        engine_url=args.engine,
+        model_cache=Path(args.model_cache),
+        api_key=os.environ.get("VLLM_API_KEY") or None,
+        interval=args.interval,
+        host=args.host,
+        port=args.port,
+    )
+    return lorasync.run(settings)
+
+
+def _add_lora_sync(sub: Any) -> None:
+    sync = sub.add_parser(
+        "lora-sync",
+        help="sidecar: keep a vLLM engine's LoRA adapters equal to a desired-adapters file",
+        description="Run beside a vLLM engine (started with --enable-lora and "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=true): every --interval seconds, load the adapters the "
+        "desired file lists and the engine lacks, and unload those it no longer lists, without restarting "
+        "the engine. A failing adapter is retried with backoff and does not hold up the others. The "
+        "engine's API key is read from $VLLM_API_KEY. Serves /status (JSON, per adapter: loaded, error), "
+        "/metrics and /healthz.",
+    )
+    sync.add_argument(
+        "--desired-file",
+        default=DESIRED_FILE,
+        metavar="PATH",
+        help='the desired adapters, {"adapters": [{"name": ..., "path": ...} or {"name": ..., '
+        '"huggingFace": {"repo": ..., "revision": ...}}]}, usually mounted from a ConfigMap '
+        "(default: %(default)s)",
+    )
+    sync.add_argument(
+        "--engine",
+        default=f"http://127.0.0.1:{ENGINE_PORT}",
+        metavar="URL",
+        help="the engine's base URL (default: %(default)s)",
+    )
+    sync.add_argument(
+        "--model-cache",
+        default=os.environ.get("HF_HOME", "/models"),
+        metavar="DIR",
+        help="root of the model cache, mounted at the same path in the engine: adapter paths are relative "
+        "to it and Hugging Face adapters are downloaded into DIR/hub (default: $HF_HOME, else /models)",
+    )
+    sync.add_argument(
+        "--interval",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds between comparisons (default: %(default)g)",
+    )
+    sync.add_argument(
+        "--host", default="0.0.0.0", help="address of /status and /metrics (default: %(default)s)"
+    )
+    sync.add_argument(
+        "--port",
+        type=int,
+        default=SIDECAR_PORT,
+        help="port of /status, /metrics, /healthz (default: %(default)s)",
+    )
+    sync.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    sync.set_defaults(func=cmd_lora_sync)
+
+
 def _election(args: argparse.Namespace) -> Election | None:
     """The Lease to contend for, or None without leader election (by default: outside a cluster, where
     Kubernetes sets no KUBERNETES_SERVICE_HOST, e.g. a developer's `qwen-operator run`)."""
@@ -333,6 +408,7 @@ def parser() -> argparse.ArgumentParser:
     )
     _add_leader_election(run)
     run.set_defaults(func=cmd_run)
+    _add_lora_sync(sub)
     return p
 
 

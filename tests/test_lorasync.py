@@ -1,0 +1,525 @@
+"""The lora-sync sidecar without an engine: the desired-file format, the pure logic (plan, backoff, the
+engine's model list and errors), the sync loop against a stand-in of vLLM's LoRA routes on loopback, its
+/status and /metrics, and the CLI process. With the real engine:
+test_lorasync_live.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qwen_devtools.net import LOOPBACK, free_port, http_get, metric_sum
+from qwen_devtools.procs import running, spawn, wait_ready
+from qwen_devtools.wait import wait_until
+from qwen_operator.api.lorafile import Adapter, DesiredFileError, HubSource, parse, render
+from qwen_operator.lorasync import (
+    BACKOFF_FIRST,
+    BACKOFF_MAX,
+    Engine,
+    Plan,
+    Syncer,
+    adapter_path,
+    backoff_seconds,
+    engine_adapters,
+    error_message,
+    hub_snapshot,
+    plan,
+    serve,
+)
+from support import cli_path
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+KEY = "engine-key-0123456789"
+
+
+# --- the desired file ---------------------------------------------------------------------------
+
+
+def test_render_and_parse_round_trip() -> None:
+    adapters = [Adapter("sql-expert", path="loras/sql"), Adapter("x", hub=HubSource("org/name", COMMIT))]
+    text = render(adapters)
+    assert json.loads(text) == {
+        "adapters": [
+            {"name": "sql-expert", "path": "loras/sql"},
+            {"name": "x", "huggingFace": {"repo": "org/name", "revision": COMMIT}},
+        ]
+    }
+    assert parse(text) == adapters
+    assert parse(render([])) == []
+
+
+def _one(entry: dict[str, Any]) -> str:
+    return json.dumps({"adapters": [entry]})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "not valid JSON"),
+        ('{"adapters": [', "not valid JSON"),
+        ("[]", '{"adapters": [...]}'),
+        ('{"adapters": {}}', '{"adapters": [...]}'),
+        ('{"adapters": ["a"]}', "adapters[0] is not an object"),
+        ('{"adapters": [{"name": "a", "path": "p", "rank": 8}]}', "unknown fields ['rank']"),
+        ('{"adapters": [{"name": "a"}]}', "exactly one of path or huggingFace"),
+        (_one({"name": "a", "path": "p", "huggingFace": {"repo": "o/n", "revision": COMMIT}}), "exactly one"),
+        ('{"adapters": [{"name": "", "path": "p"}]}', "non-empty"),
+        ('{"adapters": [{"name": 3, "path": "p"}]}', "must be strings"),
+        ('{"adapters": [{"name": "a", "path": "/abs"}]}', "relative"),
+        ('{"adapters": [{"name": "a", "path": "x/../../etc"}]}', "stay inside"),
+        ('{"adapters": [{"name": "a", "huggingFace": {"repo": "o/n", "revision": "main"}}]}', "40-hex"),
+        (_one({"name": "a", "huggingFace": {"repo": "noslash", "revision": COMMIT}}), "owner/name"),
+        ('{"adapters": [{"name": "a", "huggingFace": {"repo": "o/n"}}]}', "exactly repo and revision"),
+        ('{"adapters": [{"name": "a", "path": "p"}, {"name": "a", "path": "q"}]}', "more than once"),
+    ],
+)
+def test_parse_refuses(text: str, message: str) -> None:
+    with pytest.raises(DesiredFileError) as caught:
+        parse(text)
+    assert message in str(caught.value)
+
+
+def test_render_refuses_what_parse_would() -> None:
+    with pytest.raises(DesiredFileError, match="more than once"):
+        render([Adapter("a", path="p"), Adapter("a", path="q")])
+
+
+# --- pure logic -----------------------------------------------------------------------------------
+
+
+def test_plan() -> None:
+    assert plan({}, {}) == Plan((), ())
+    assert plan({"a": "/m/a", "b": "/m/b"}, {"b": "/m/b", "c": "/m/c"}) == Plan(load=("a",), unload=("c",))
+    # another path (a new revision) is loaded again, in place
+    assert plan({"a": "/m/a2"}, {"a": "/m/a"}) == Plan(load=("a",), unload=())
+
+
+def test_backoff_doubles_up_to_the_cap() -> None:
+    waits = [backoff_seconds(n) for n in range(0, 12)]
+    assert waits[:4] == [0.0, BACKOFF_FIRST, 2 * BACKOFF_FIRST, 4 * BACKOFF_FIRST]
+    assert waits == sorted(waits)
+    assert waits[-1] == BACKOFF_MAX
+
+
+def test_engine_adapters_are_the_cards_with_a_parent() -> None:
+    models = {
+        "object": "list",
+        "data": [
+            {"id": "Qwen/Qwen3-32B", "root": "/models/x", "parent": None},
+            {"id": "sql", "root": "/models/loras/sql", "parent": "Qwen/Qwen3-32B"},
+        ],
+    }
+    assert engine_adapters(models) == {"sql": "/models/loras/sql"}
+    with pytest.raises(ValueError, match="no data list"):
+        engine_adapters({"detail": "nope"})
+
+
+def test_error_message_is_the_engines() -> None:
+    body = json.dumps({"error": {"message": "LoRA rank 16 is greater than max_lora_rank 8.", "code": 500}})
+    assert error_message(500, body) == "HTTP 500: LoRA rank 16 is greater than max_lora_rank 8."
+    assert error_message(502, "bad gateway\n") == "HTTP 502: bad gateway"
+    assert error_message(503, "") == "HTTP 503: no body"
+
+
+def test_adapter_paths(tmp_path: Path) -> None:
+    hub = HubSource("my-org/sql-lora", COMMIT)
+    assert adapter_path(Adapter("a", path="loras/a"), tmp_path) == str(tmp_path / "loras/a")
+    snapshot = tmp_path / "hub" / "models--my-org--sql-lora" / "snapshots" / COMMIT
+    assert hub_snapshot(hub, tmp_path) == snapshot
+    assert adapter_path(Adapter("b", hub=hub), tmp_path) == str(snapshot)
+
+
+# --- a stand-in for vLLM's LoRA routes -------------------------------------------------------------
+
+
+class FakeVllm:
+    """vLLM 0.32's /v1/models and runtime LoRA routes as its serving layer answers them
+    (entrypoints/openai/models/serving.py), with the checks its loader makes first: adapter_config.json
+    in the directory (else 404 "No adapter found"), rank at most max_lora_rank (else 500). The real
+    engine is in test_lorasync_live.py."""
+
+    def __init__(self, key: str | None = KEY, max_rank: int = 8) -> None:
+        self.key, self.max_rank = key, max_rank
+        self.loras: dict[str, str] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.server = ThreadingHTTPServer((LOOPBACK, 0), self._handler())
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://{LOOPBACK}:{self.server.server_address[1]}"
+
+    def _answer(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if path == "/v1/models":
+            cards = [{"id": "Qwen/Qwen3-32B", "root": "/models/base", "parent": None}]
+            cards += [{"id": n, "root": p, "parent": "Qwen/Qwen3-32B"} for n, p in self.loras.items()]
+            return 200, {"object": "list", "data": cards}
+        name = body.get("lora_name", "")
+        self.calls.append((path, name))
+        if path == "/v1/unload_lora_adapter":
+            if self.loras.pop(name, None) is None:
+                return _error(404, f"The lora adapter '{name}' cannot be found.")
+            return 200, {}
+        if path == "/v1/load_lora_adapter":
+            lora_path = body["lora_path"]
+            if name in self.loras and not body.get("load_inplace"):
+                return _error(400, f"The lora adapter '{name}' has already been loaded.")
+            config = Path(lora_path) / "adapter_config.json"
+            if not config.is_file():
+                return _error(404, f"Loading lora {name} failed: No adapter found for {lora_path}")
+            rank = json.loads(config.read_text())["r"]
+            if rank > self.max_rank:
+                return _error(500, f"LoRA rank {rank} is greater than max_lora_rank {self.max_rank}.")
+            self.loras[name] = lora_path
+            return 200, {}
+        return 404, {"detail": "Not Found"}
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _reply(self, method: str) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                if fake.key and self.headers.get("Authorization") != f"Bearer {fake.key}":
+                    code, answer = 401, {"error": "Unauthorized"}
+                else:
+                    code, answer = fake._answer(method, self.path, body)
+                data = json.dumps(answer).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._reply("GET")
+
+            def do_POST(self) -> None:
+                self._reply("POST")
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        return Handler
+
+    def loads(self, name: str) -> int:
+        return self.calls.count(("/v1/load_lora_adapter", name))
+
+
+def _error(code: int, message: str) -> tuple[int, dict[str, Any]]:
+    return code, {"error": {"message": message, "type": "Error", "param": None, "code": code}}
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeVllm]:
+    engine = FakeVllm()
+    yield engine
+    engine.server.shutdown()
+
+
+class Clock:
+    """A monotonic clock the test moves by hand (backoff without sleeping)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _adapter_dir(root: Path, rel: str, rank: int = 8) -> str:
+    (root / rel).mkdir(parents=True, exist_ok=True)
+    (root / rel / "adapter_config.json").write_text(json.dumps({"r": rank, "lora_alpha": rank}))
+    return rel
+
+
+def _write(path: Path, *adapters: Adapter) -> None:
+    path.write_text(render(adapters))
+
+
+def _syncer(fake: FakeVllm, tmp_path: Path, **kw: Any) -> tuple[Syncer, Path, Clock]:
+    clock = Clock()
+    desired = tmp_path / "adapters.json"
+    return Syncer(desired, Engine(fake.url, KEY), tmp_path, clock=clock, **kw), desired, clock
+
+
+# --- the sync loop --------------------------------------------------------------------------------
+
+
+def test_loads_what_is_missing_and_unloads_what_is_no_longer_wanted(fake: FakeVllm, tmp_path: Path) -> None:
+    syncer, desired, _ = _syncer(fake, tmp_path)
+    _write(
+        desired,
+        Adapter("a", path=_adapter_dir(tmp_path, "loras/a")),
+        Adapter("b", path=_adapter_dir(tmp_path, "loras/b")),
+    )
+    fake.loras["by-hand"] = "/elsewhere"
+    report = syncer.sync_once()
+    assert fake.loras == {"a": str(tmp_path / "loras/a"), "b": str(tmp_path / "loras/b")}
+    assert report.status()["adapters"] == {
+        "a": {"loaded": True, "error": None},
+        "b": {"loaded": True, "error": None},
+    }
+    assert report.engine_reachable and report.last_sync is not None
+
+    syncer.sync_once()  # nothing to do: no calls
+    assert fake.loads("a") == 1
+
+    _write(desired, Adapter("b", path="loras/b"))
+    assert syncer.sync_once().status()["adapters"] == {"b": {"loaded": True, "error": None}}
+    assert fake.loras == {"b": str(tmp_path / "loras/b")}
+
+
+def test_a_failing_adapter_backs_off_and_holds_up_no_other(fake: FakeVllm, tmp_path: Path) -> None:
+    syncer, desired, clock = _syncer(fake, tmp_path)
+    _write(
+        desired,
+        Adapter("big", path=_adapter_dir(tmp_path, "loras/big", rank=16)),
+        Adapter("gone", path="loras/missing"),
+        Adapter("good", path=_adapter_dir(tmp_path, "loras/good")),
+    )
+    status = syncer.sync_once().status()["adapters"]
+    assert status["good"] == {"loaded": True, "error": None}
+    assert status["big"] == {
+        "loaded": False,
+        "error": "HTTP 500: LoRA rank 16 is greater than max_lora_rank 8.",
+    }
+    assert status["gone"]["loaded"] is False
+    assert "No adapter found" in status["gone"]["error"]
+
+    for _ in range(3):  # within the first backoff: not retried
+        syncer.sync_once()
+    assert (fake.loads("big"), fake.loads("gone"), fake.loads("good")) == (1, 1, 1)
+    clock.now += BACKOFF_FIRST
+    syncer.sync_once()
+    assert (fake.loads("big"), fake.loads("gone")) == (2, 2)
+    clock.now += BACKOFF_FIRST  # the second wait is twice as long
+    syncer.sync_once()
+    assert fake.loads("big") == 2
+    assert syncer.report.adapters["big"].load_failures == 2
+
+    # the cause fixed underneath (files copied into the cache): loaded at the next due attempt
+    _adapter_dir(tmp_path, "loras/missing")
+    clock.now += BACKOFF_FIRST
+    assert syncer.sync_once().status()["adapters"]["gone"] == {"loaded": True, "error": None}
+
+    # a changed entry starts afresh, without waiting for the backoff
+    _write(
+        desired, Adapter("big", path=_adapter_dir(tmp_path, "loras/big8")), Adapter("good", path="loras/good")
+    )
+    status = syncer.sync_once().status()["adapters"]
+    assert status == {"big": {"loaded": True, "error": None}, "good": {"loaded": True, "error": None}}
+    assert "gone" not in syncer.load_failures
+
+
+def test_desired_file_missing_or_invalid_keeps_the_last_good_list(fake: FakeVllm, tmp_path: Path) -> None:
+    syncer, desired, _ = _syncer(fake, tmp_path)
+    fake.loras["a"] = str(tmp_path / "loras/a")
+    report = syncer.sync_once()  # never read: nothing is unloaded
+    assert "No such file" in (report.file_error or "")
+    assert fake.loras == {"a": str(tmp_path / "loras/a")}
+    assert report.status()["adapters"] == {"a": {"loaded": True, "error": None}}
+
+    _write(desired, Adapter("a", path=_adapter_dir(tmp_path, "loras/a")))
+    assert syncer.sync_once().file_error is None
+    desired.write_text('{"adapters": [{"name": "a"')  # half-written
+    report = syncer.sync_once()
+    assert "not valid JSON" in (report.file_error or "")
+    assert report.status()["adapters"] == {"a": {"loaded": True, "error": None}}
+    desired.unlink()
+    assert "No such file" in (syncer.sync_once().file_error or "")
+    assert fake.loras == {"a": str(tmp_path / "loras/a")}
+
+
+def test_configmap_symlink_swap(fake: FakeVllm, tmp_path: Path) -> None:
+    """The kubelet updates a ConfigMap volume by writing a new timestamped directory and renaming the
+    `..data` symlink onto it; the file name is a symlink through `..data`."""
+    mount = tmp_path / "mount"
+    mount.mkdir()
+    for version, adapters in (("..v1", [Adapter("a", path=_adapter_dir(tmp_path, "loras/a"))]),
+                              ("..v2", [Adapter("b", path=_adapter_dir(tmp_path, "loras/b"))])):  # fmt: skip
+        (mount / version).mkdir()
+        _write(mount / version / "adapters.json", *adapters)
+    (mount / "..data").symlink_to("..v1")
+    (mount / "adapters.json").symlink_to("..data/adapters.json")
+    syncer = Syncer(mount / "adapters.json", Engine(fake.url, KEY), tmp_path, clock=Clock())
+    syncer.sync_once()
+    assert set(fake.loras) == {"a"}
+    (mount / "..data_tmp").symlink_to("..v2")
+    os.replace(mount / "..data_tmp", mount / "..data")
+    syncer.sync_once()
+    assert set(fake.loras) == {"b"}
+
+
+def test_engine_unreachable_then_restarted(fake: FakeVllm, tmp_path: Path) -> None:
+    syncer, desired, _ = _syncer(fake, tmp_path)
+    _write(desired, Adapter("a", path=_adapter_dir(tmp_path, "loras/a")))
+    syncer.sync_once()
+    first = syncer.report.last_sync
+    syncer.engine = Engine(f"http://{LOOPBACK}:{free_port()}", KEY)  # nothing listens there
+    report = syncer.sync_once()
+    assert not report.engine_reachable and report.engine_error
+    assert report.status()["adapters"] == {"a": {"loaded": False, "error": None}}
+    assert report.last_sync == first
+
+    fake.loras.clear()  # a new engine process: no adapters
+    syncer.engine = Engine(fake.url, KEY)
+    assert syncer.sync_once().status()["adapters"] == {"a": {"loaded": True, "error": None}}
+
+
+def test_wrong_api_key_is_reported(fake: FakeVllm, tmp_path: Path) -> None:
+    syncer = Syncer(tmp_path / "adapters.json", Engine(fake.url, "wrong"), tmp_path, clock=Clock())
+    report = syncer.sync_once()
+    assert not report.engine_reachable
+    assert "HTTP 401" in (report.engine_error or "")
+
+
+def test_new_path_reloads_in_place(fake: FakeVllm, tmp_path: Path) -> None:
+    syncer, desired, _ = _syncer(fake, tmp_path)
+    _write(desired, Adapter("a", path=_adapter_dir(tmp_path, "loras/a1")))
+    syncer.sync_once()
+    _write(desired, Adapter("a", path=_adapter_dir(tmp_path, "loras/a2")))
+    syncer.sync_once()
+    assert fake.loras == {"a": str(tmp_path / "loras/a2")}
+    assert fake.loads("a") == 2  # the stand-in, like vLLM, refuses a second load unless in place
+
+
+def test_hub_adapter_is_downloaded_in_the_background(fake: FakeVllm, tmp_path: Path) -> None:
+    hub = HubSource("my-org/sql-lora", COMMIT)
+    release = threading.Event()
+    fetched: list[HubSource] = []
+
+    def download(source: HubSource, cache_dir: Path) -> Path:
+        release.wait(10)
+        fetched.append(source)
+        if source.repo == "my-org/broken":
+            raise OSError("403 Forbidden")
+        assert cache_dir == tmp_path / "hub"
+        snapshot = hub_snapshot(source, tmp_path)
+        _adapter_dir(tmp_path, str(snapshot.relative_to(tmp_path)))
+        return snapshot
+
+    syncer, desired, clock = _syncer(fake, tmp_path, download=download)
+    _write(desired, Adapter("sql", hub=hub), Adapter("broken", hub=HubSource("my-org/broken", COMMIT)),
+           Adapter("local", path=_adapter_dir(tmp_path, "loras/local")))  # fmt: skip
+    status = syncer.sync_once().status()["adapters"]  # the downloads wait: the local adapter does not
+    assert status["local"]["loaded"] and not status["sql"]["loaded"]
+    release.set()
+    wait_until(lambda: all(f.done() for f in syncer.downloads.values()), 10, "the downloads")
+    status = syncer.sync_once().status()["adapters"]
+    assert status["sql"] == {"loaded": True, "error": None}
+    assert fake.loras["sql"] == str(hub_snapshot(hub, tmp_path))
+    assert status["broken"] == {
+        "loaded": False,
+        "error": f"download of my-org/broken@{COMMIT} failed: 403 Forbidden",
+    }
+    assert syncer.report.adapters["broken"].load_failures == 1
+
+    syncer.sync_once()  # in backoff: no new download; the downloaded commit is not fetched again
+    assert sorted(s.repo for s in fetched) == ["my-org/broken", "my-org/sql-lora"]
+    fake.loras.clear()  # engine restarted
+    syncer.sync_once()
+    assert "sql" in fake.loras and fetched.count(hub) == 1
+    clock.now += BACKOFF_FIRST
+    syncer.sync_once()
+    wait_until(lambda: all(f.done() for f in syncer.downloads.values()), 10, "the retried download")
+    assert [s.repo for s in fetched].count("my-org/broken") == 2
+
+
+def test_hub_adapter_already_in_the_cache_is_not_downloaded(fake: FakeVllm, tmp_path: Path) -> None:
+    hub = HubSource("my-org/sql-lora", COMMIT)
+    snapshot = hub_snapshot(hub, tmp_path)
+    _adapter_dir(tmp_path, str(snapshot.relative_to(tmp_path)))
+    (snapshot / "adapter_model.safetensors").write_bytes(b"")
+
+    def download(source: HubSource, cache_dir: Path) -> Path:
+        raise AssertionError("no Hub call for a commit already in the cache")
+
+    syncer, desired, _ = _syncer(fake, tmp_path, download=download)
+    _write(desired, Adapter("sql", hub=hub))
+    assert syncer.sync_once().status()["adapters"] == {"sql": {"loaded": True, "error": None}}
+
+
+def test_hub_download_finds_a_cached_commit_offline(tmp_path: Path) -> None:
+    """The real huggingface_hub (no internet here): a commit already in the cache is found offline, at
+    the path hub_snapshot computes. A download from the Hub itself is not tested here."""
+    pytest.importorskip("huggingface_hub")
+    hub = HubSource("my-org/sql-lora", COMMIT)
+    snapshot = hub_snapshot(hub, tmp_path)
+    _adapter_dir(tmp_path, str(snapshot.relative_to(tmp_path)))
+    code = (
+        "import sys; from pathlib import Path; from qwen_operator.lorasync import hub_download, HubSource; "
+        f"print(hub_download(HubSource('my-org/sql-lora', '{COMMIT}'), Path(sys.argv[1])))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "hub")],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(snapshot)
+
+
+# --- /status, /metrics, the process ---------------------------------------------------------------
+
+
+def test_status_and_metrics(fake: FakeVllm, tmp_path: Path) -> None:
+    syncer, desired, _ = _syncer(fake, tmp_path)
+    _write(
+        desired, Adapter("good", path=_adapter_dir(tmp_path, "loras/good")), Adapter("gone", path="nothing")
+    )
+    syncer.sync_once()
+    port = free_port()
+    server = serve(LOOPBACK, port, lambda: syncer.report)
+    try:
+        base = f"http://{LOOPBACK}:{port}"
+        code, body = http_get(f"{base}/status")
+        status = json.loads(body)
+        assert code == 200
+        assert status["adapters"]["good"] == {"loaded": True, "error": None}
+        assert "No adapter found" in status["adapters"]["gone"]["error"]
+        assert status["engineReachable"] is True and status["lastSync"] == syncer.report.last_sync
+        assert status["fileError"] is None
+        metrics = f"{base}/metrics"
+        assert metric_sum(metrics, "qwen_lora_adapter_loaded", adapter="good") == 1
+        assert metric_sum(metrics, "qwen_lora_adapter_loaded", adapter="gone") == 0
+        assert metric_sum(metrics, "qwen_lora_adapter_load_failures_total", adapter="gone") == 1
+        assert metric_sum(metrics, "qwen_lora_adapter_load_failures_total", adapter="good") == 0
+        assert metric_sum(metrics, "qwen_lora_sync_last_sync_timestamp_seconds") == pytest.approx(
+            syncer.report.last_sync
+        )
+        assert metric_sum(metrics, "qwen_lora_sync_engine_reachable") == 1
+        assert http_get(f"{base}/healthz")[0] == 200
+        assert http_get(f"{base}/nope")[0] == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_cli_process_syncs_and_serves(fake: FakeVllm, tmp_path: Path) -> None:
+    desired = tmp_path / "adapters.json"
+    _write(desired, Adapter("a", path=_adapter_dir(tmp_path, "loras/a")))
+    port = free_port()
+    argv = [str(cli_path()), "lora-sync", "--desired-file", str(desired), "--engine", fake.url,
+            "--model-cache", str(tmp_path), "--interval", "0.2", "--host", LOOPBACK,
+            "--port", str(port)]  # fmt: skip
+    proc = spawn("lora-sync", argv, tmp_path / "logs", env={"VLLM_API_KEY": KEY}, port=port)
+    with running(proc):
+        wait_ready(proc, "/healthz", 30)
+        wait_until(lambda: fake.loras.get("a") == str(tmp_path / "loras/a"), 10, "adapter a loaded")
+        _write(desired)
+        wait_until(lambda: not fake.loras, 10, "adapter a unloaded")
+        proc.popen.terminate()
+        assert proc.popen.wait(10) == 0, proc.tail()
+
+
+def test_cli_refuses_a_bad_interval() -> None:
+    done = subprocess.run([str(cli_path()), "lora-sync", "--interval", "0"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "--interval must be positive" in done.stderr

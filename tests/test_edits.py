@@ -361,7 +361,8 @@ def test_changing_a_slot_setting_restarts_the_engines(change: dict[str, Any], fl
 def test_turning_lora_on_adds_the_flags_and_the_runtime_loading_switch() -> None:
     impact = edit_impact(reviewed(), reviewed(lora=LORA_SLOTS), free_gpus=0)
     assert impact.restarts_engines
-    assert set(impact.changes) == {".spec.containers[0].args", ".spec.containers[0].env"}
+    # The flags and the switch, the lora-sync sidecar (a container added) and its ConfigMap volume.
+    assert set(impact.changes) == {".spec.containers", ".spec.volumes"}
     env = _engine_deployment(lora=LORA_SLOTS)["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "true"} in env
     plain = _engine_deployment()["spec"]["template"]["spec"]["containers"][0]["env"]

@@ -499,13 +499,13 @@ class _SessionIds(http.server.ThreadingHTTPServer):
 
 
 @contextlib.contextmanager
-def _nginx_in_front_of(port: int, root: Path) -> Iterator[str]:
+def _nginx_in_front_of(port: int, root: Path, rev: Review | None = None) -> Iterator[str]:
     """The rendered nginx (keys on) with its router upstream at `port`; yields the chat completions URL."""
     root.chmod(0o755)  # nginx's workers drop root: they must reach the temp directory
     wiring = dataclasses.replace(loopback_wiring(root, []), router_port=port)
     config = Path(wiring.config_dir)
     config.mkdir(parents=True)
-    rev = _review(rateLimit={"requestsPerMinute": 60_000, "burst": 1_000})
+    rev = rev or _review(rateLimit={"requestsPerMinute": 60_000, "burst": 1_000})
     for name, text in config_files(rev, wiring).items():
         (config / name).write_text(text)
     write_secret_volume(Path(wiring.api_keys_dir), {"team-a": "sk-0123456789abcdef"})
@@ -597,3 +597,37 @@ def test_nginx_never_forwards_the_adapter_loading_routes(tmp_path: Path) -> None
     finally:
         recorder.shutdown()
     assert recorder.seen == [None], "only the chat completion may reach the router"
+
+
+def test_an_adapters_requests_are_hashed_on_its_name(tmp_path: Path) -> None:
+    """With spec.lora, a request for any model but the base one carries X-Session-Id lora-<model>, so
+    the router keeps each adapter on few engines; the base model's chats keep their conversation bucket.
+    The served name is written into nginx.conf escaped (a leading ~ would make it a regular expression).
+    nginx reads the model as the body's JSON spells it, so names that JSON escapes (quotes, backslashes)
+    would not match their own requests; map_key keeps nginx.conf valid for them all the same."""
+    body = copy.deepcopy(load(EXAMPLES[0]))
+    body["spec"]["gateway"] = {"rateLimit": {"requestsPerMinute": 60_000, "burst": 1_000}}
+    body["spec"]["model"]["servedModelName"] = served = "~qwen-32b base"
+    body["spec"]["model"]["cache"] = {"claimName": "models"}
+    body["spec"]["lora"] = {"adapters": [{"name": "sql", "source": {"path": "loras/sql"}}]}
+    rev = review(body)
+    assert rev.ok, rev.plan.errors
+    recorder = _SessionIds()
+    threading.Thread(target=recorder.serve_forever, daemon=True).start()
+    auth = {"Authorization": "Bearer sk-0123456789abcdef", "Content-Type": "application/json"}
+    chat = _chat_body(("user", FIRST))
+    try:
+        with _nginx_in_front_of(recorder.server_address[1], tmp_path, rev) as url:
+            for model in ("sql", "sql", served, "other"):
+                sent = requests.post(url, json={**chat, "model": model}, headers=auth, timeout=10)
+                assert sent.status_code == 200
+    finally:
+        recorder.shutdown()
+    assert recorder.seen[:2] == ["lora-sql", "lora-sql"]
+    assert re.fullmatch(r"c\d{1,3}", str(recorder.seen[2])), recorder.seen  # the base model: its bucket
+    assert recorder.seen[3] == "lora-other"  # the engines answer an unknown model with their 404
+
+
+def test_map_key_keeps_nginx_conf_valid_for_any_served_name() -> None:
+    assert gateway.nginx.map_key('a "b" \\ c') == 'a \\"b\\" \\\\ c'
+    assert gateway.nginx.map_key("~x") == "\\~x" and gateway.nginx.map_key("default") == "\\default"

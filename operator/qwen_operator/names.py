@@ -65,6 +65,11 @@ def engine_key(qd: QwenDeployment) -> SecretKeyRef | None:
     return SecretKeyRef(name=generated_engine_key(qd), key=GENERATED_ENGINE_KEY)
 
 
+def lora(qd: QwenDeployment) -> str:
+    """The ConfigMap of the adapters the engines' lora-sync sidecars load."""
+    return f"{qd.metadata.name}-lora"
+
+
 def client_service(qd: QwenDeployment) -> str:
     """The Service clients call: the gateway, or the engines when the gateway is off."""
     return qd.metadata.name

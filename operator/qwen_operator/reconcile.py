@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from secrets import token_urlsafe
 from typing import Any
 
-from . import names
+from . import adapters, names
 from .api.queueing import METRICS_API_SERVICE
 from .api.review import Review, review
 from .api.rollout import Rollout
@@ -24,7 +24,7 @@ from .k8s import ApiException, Cluster
 from .manifests import ClusterFacts, build_children, node_pool, scaling, upgrade
 from .manifests.engine import hands_replicas_over
 from .manifests.gateway import GENERATED_KEY_ID, generated_api_keys_secret, generated_engine_key_secret
-from .manifests.policy import SCRAPERS_ENV, parse_scrapers
+from .manifests.policy import OPERATOR_PEER_ENV, SCRAPERS_ENV, parse_operator_peer, parse_scrapers
 from .metrics import DEPLOYMENTS_READY, MANAGED_OBJECTS, RECONCILE_SECONDS, RECONCILES
 from .status import Observed, compute_status, events, merge_patch
 
@@ -95,6 +95,12 @@ def engine_scrapers() -> tuple[dict[str, Any], ...]:
     return parse_scrapers(os.environ.get(SCRAPERS_ENV))
 
 
+@functools.cache
+def operator_peer() -> dict[str, Any] | None:
+    """The operator's own pods as a NetworkPolicy peer (env, read once): they read the lora sidecars."""
+    return parse_operator_peer(os.environ.get(OPERATOR_PEER_ENV))
+
+
 def reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
     started = time.monotonic()
     try:
@@ -126,6 +132,7 @@ def _reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
         missing_crds=cluster.missing_crds(),
         rollout_under_way=_rollout_under_way(cluster, meta["namespace"], meta["name"]),
         scrapers=engine_scrapers(),
+        operator=operator_peer(),
     )
     children = build_children(rev, facts)
     obs.rollout = children.rollout
@@ -150,9 +157,13 @@ def _reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
     MANAGED_OBJECTS.labels(meta["namespace"], meta["name"]).set(len(children.objects))
     _observe(cluster, obs, rev)
     pending = any(p.get("status", {}).get("phase") == "Pending" for p in obs.pods + obs.gateway_pods)
-    return Result(
-        compute_status(obs, previous), writes, requeue_after=WAITING_POLL_SECONDS if pending else None
+    status = compute_status(obs, previous)
+    loading = any(
+        c["type"] == "AdaptersLoaded" and c["reason"] in ("Loading", "LoadFailed")
+        for c in status["conditions"]
     )
+    requeue = WAITING_POLL_SECONDS if pending else ADAPTER_POLL_SECONDS if loading else None
+    return Result(status, writes, requeue_after=requeue)
 
 
 def _hold_engine_template(
@@ -222,6 +233,10 @@ def _unschedulable(pod: dict[str, Any]) -> bool:
 #: waits (unschedulable, a missing Secret or volume) shows in pod status and events, which trigger no
 #: reconcile.
 WAITING_POLL_SECONDS = 15.0
+
+#: How often a deployment whose adapters are still loading (or failing) is looked at again: the sidecars
+#: load them on their own; this only brings status.lora and AdaptersLoaded up to date.
+ADAPTER_POLL_SECONDS = 5.0
 
 #: Generated Secrets known to exist, by (namespace, name, owner uid): created (or found) once per process.
 _created: set[tuple[str, str, str]] = set()
@@ -340,6 +355,8 @@ def _observe(cluster: Cluster, obs: Observed, rev: Review) -> None:
         ]
     if qd.spec.autoscaling:
         _observe_scaling(cluster, obs, rev)
+    if qd.spec.lora is not None:
+        obs.lora = adapters.observe(obs.pods, [a.name for a in qd.spec.lora.adapters])
 
 
 def _observe_refused(cluster: Cluster, obs: Observed, meta: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from . import names
+from .adapters import LoraObservation
 from .api.queueing import HPA_METRIC, METRICS_API_SERVICE, keda_query, queueing
 from .api.review import Review
 from .api.rollout import Rollout
@@ -81,6 +82,8 @@ class Observed:
     failure: tuple[str, str] | None = None
     #: status.engineUpdate while the engines run a pod an earlier operator version rendered (upgrade.py).
     engine_update: dict[str, Any] | None = None
+    #: Where each LoRA adapter is loaded, from the engine pods' lora-sync sidecars (adapters.py).
+    lora: LoraObservation | None = None
 
     @property
     def plan_errors(self) -> list[str]:
@@ -395,6 +398,39 @@ def _gateway_status(obs: Observed) -> dict[str, Any] | None:
     }
 
 
+def _lora_status(seen: LoraObservation | None) -> dict[str, Any] | None:
+    """Per desired adapter: on how many of the ready engine pods it is loaded, and why not elsewhere."""
+    if seen is None:
+        return None
+    return {
+        "adapters": [
+            {
+                "name": name,
+                "loaded": f"{state.loaded}/{seen.pods}",
+                "error": "; ".join(state.errors) or None,
+            }
+            for name, state in seen.adapters.items()
+        ]
+    }
+
+
+def _adapters_loaded(seen: LoraObservation | None) -> dict[str, Any]:
+    """AdaptersLoaded: every desired adapter loaded on every ready engine pod, or why not."""
+    if seen is None or seen.pods == 0:
+        return _cond("AdaptersLoaded", None, "NoReadyEngine", "no engine pod is ready to load adapters")
+    failed = [f"{n} ({'; '.join(s.errors)})" for n, s in seen.adapters.items() if s.errors]
+    if failed:
+        return _cond("AdaptersLoaded", False, "LoadFailed", "failed to load: " + ", ".join(failed))
+    missing = [f"{n} {s.loaded}/{seen.pods}" for n, s in seen.adapters.items() if s.loaded < seen.pods]
+    if seen.silent:
+        missing.append("no answer from the lora-sync sidecar of " + "; ".join(seen.silent))
+    if missing:
+        return _cond("AdaptersLoaded", False, "Loading", "loading: " + ", ".join(missing))
+    return _cond(
+        "AdaptersLoaded", True, "Loaded", f"{len(seen.adapters)} adapters on {seen.pods} engine pods"
+    )
+
+
 def _skipped_message(skipped: list[Skipped]) -> str:
     return "skipped: " + "; ".join(s.describe() for s in skipped)
 
@@ -472,6 +508,10 @@ def compute_status(
     conds["ReferencesResolved"] = _references_condition(obs, _missing_references(obs))
     conds["Synced"] = _synced(obs)
     conds["Ready"] = _ready(obs, conds, ready)
+    types = list(CONDITION_TYPES)
+    if obs.review is not None and obs.review.resource.spec.lora is not None:
+        conds["AdaptersLoaded"] = _adapters_loaded(obs.lora)
+        types.append("AdaptersLoaded")
     status: dict[str, Any] = {
         "observedGeneration": obs.generation,
         "phase": _phase(conds),
@@ -479,7 +519,7 @@ def compute_status(
         "readyReplicas": ready,
         "desiredReplicas": desired,
         "replicasSummary": f"{ready}/{desired}",
-        "conditions": _stamp([conds[t] for t in CONDITION_TYPES], previous, obs.generation, now),
+        "conditions": _stamp([conds[t] for t in types], previous, obs.generation, now),
     }
     plan = obs.review.plan if obs.review else None
     optional = {
@@ -493,6 +533,7 @@ def compute_status(
         "autoscaling": _autoscaling_status(obs),
         "gateway": _gateway_status(obs),
         "engineUpdate": obs.engine_update,
+        "lora": _lora_status(obs.lora),
     }
     status.update({k: v for k, v in optional.items() if v is not None})
     return _without_nulls(status)

@@ -209,10 +209,31 @@ def status_schema() -> dict[str, Any]:
                     "message": {"type": "string", "description": "What runs, and how to take the update."},
                 },
             },
+            "lora": {
+                "type": "object",
+                "description": "Where each adapter of spec.lora is loaded (the engines' lora-sync sidecars).",
+                "properties": {
+                    "adapters": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "name": {"type": "string", "description": "The adapter (its model name)."},
+                                "loaded": {
+                                    "type": "string",
+                                    "description": "Ready engine pods that have it loaded / ready ones.",
+                                },
+                                "error": {"type": "string", "description": "Why it failed to load, per pod."},
+                            },
+                        },
+                    }
+                },
+            },
             "conditions": {
                 "type": "array",
                 "description": "Typed conditions: Ready, ConfigValid, CapacityFit, Scheduled, Progressing, "
-                "ScalingReady, MonitoringReady, ExposureReady, ReferencesResolved, Synced.",
+                "ScalingReady, MonitoringReady, ExposureReady, ReferencesResolved, Synced, and "
+                "AdaptersLoaded with spec.lora.",
                 "items": _condition_schema(),
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],

@@ -43,6 +43,15 @@ RELOAD_INTERVAL_SECONDS = 5
 SESSION_BUCKETS = 1000
 
 
+def map_key(value: str) -> str:
+    """`value` as a literal source value of an nginx map, inside double quotes: backslashes and quotes
+    escaped, and a leading `~` (a regular expression) or a special parameter name escaped with a backslash."""
+    text = value.replace("\\", "\\\\").replace('"', '\\"')
+    if text.startswith("~") or text in ("default", "hostnames", "include", "volatile"):
+        text = "\\" + text
+    return text
+
+
 @cache
 def _templates() -> jinja2.Environment:
     return jinja2.Environment(
@@ -63,6 +72,8 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
         "deployment": f"{qd.metadata.namespace}/{qd.metadata.name}",
         "auth": names.api_keys_secret(qd) is not None,
         "engine_key": names.engine_key(qd) is not None,
+        "lora": qd.spec.lora is not None,
+        "served_model": map_key(qd.spec.served_model_name),
         "worker_processes": NGINX_WORKERS,
         # each proxied request holds a client and an upstream connection
         "worker_connections": max(4096, 4 * limits.in_flight),

@@ -16,6 +16,7 @@ from ..kinds import Skipped, kind_of
 from .engine import build_engine_deployment, build_engine_service
 from .exposure import build_client_service, build_routes
 from .gateway import build_gateway
+from .lora import build_lora_config_map
 from .monitoring import build_engine_service_monitor, build_gateway_pod_monitor, build_prometheus_rule
 from .policy import DEFAULT_SCRAPERS, build_engine_network_policy, build_pdb
 from .scaling import build_hpa, build_scaled_object
@@ -31,6 +32,8 @@ class ClusterFacts:
     rollout_under_way: Rollout | None = None
     #: Who may reach the engines besides their gateway (the operator's setting, policy.parse_scrapers).
     scrapers: tuple[dict[str, Any], ...] = DEFAULT_SCRAPERS
+    #: The operator's own pods (policy.parse_operator_peer), admitted to the lora-sync sidecars.
+    operator: dict[str, Any] | None = None
 
 
 @dataclass
@@ -52,11 +55,15 @@ def build_children(review: Review, facts: ClusterFacts | None = None) -> Childre
         *build_routes(review),
         build_engine_service(review),
         build_client_service(review),
+        *([build_lora_config_map(review)] if spec.lora else []),
         build_engine_deployment(review, rollout),
         build_pdb(review, "engine"),
     ]
     if spec.gateway.enabled:
-        objects += [build_pdb(review, "gateway"), build_engine_network_policy(review, facts.scrapers)]
+        objects += [
+            build_pdb(review, "gateway"),
+            build_engine_network_policy(review, facts.scrapers, facts.operator),
+        ]
     if spec.autoscaling:
         objects.append(build_hpa(review) if spec.autoscaling.driver == "hpa" else build_scaled_object(review))
     if spec.monitoring.service_monitor:

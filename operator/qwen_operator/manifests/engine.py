@@ -14,6 +14,7 @@ from ..api.quantity import canonical
 from ..api.review import Review
 from ..api.rollout import ROLLOUT_ANNOTATION, Rollout
 from ..api.spec import quantity_bytes
+from .lora import lora_sidecar, lora_volume
 from .meta import metadata
 
 MODEL_CACHE_PATH = "/models"
@@ -89,13 +90,14 @@ def _volumes(review: Review) -> list[dict[str, Any]]:
         model_volume: dict[str, Any] = {"persistentVolumeClaim": {"claimName": cache.claim_name}}
     else:
         model_volume = {"emptyDir": {"sizeLimit": cache_size_limit(review)}}
-    return [
+    volumes = [
         {"name": "model-cache", **model_volume},
         {
             "name": "dshm",
             "emptyDir": {"medium": "Memory", "sizeLimit": canonical(spec.engine.resources.shm_size)},
         },
     ]
+    return volumes + ([lora_volume(review)] if spec.lora else [])
 
 
 def _container(review: Review) -> dict[str, Any]:
@@ -144,8 +146,12 @@ def _container(review: Review) -> dict[str, Any]:
 def build_engine_deployment(review: Review, rollout: Rollout) -> dict[str, Any]:
     qd = review.resource
     spec = qd.spec
+    engine = _container(review)
+    containers = [engine]
+    if spec.lora:  # loads the adapters of the lora ConfigMap into the running engine (manifests/lora.py)
+        containers.append(lora_sidecar(review, engine["env"], engine["volumeMounts"][0]))
     pod_spec: dict[str, Any] = {
-        "containers": [_container(review)],
+        "containers": containers,
         "volumes": _volumes(review),
         "terminationGracePeriodSeconds": spec.engine.termination_grace_period_seconds,
         "automountServiceAccountToken": False,

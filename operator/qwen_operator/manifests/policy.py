@@ -8,6 +8,7 @@ from typing import Any
 
 from .. import names
 from ..api.engine import ENGINE_PORT
+from ..api.lorafile import SIDECAR_PORT
 from ..api.review import Review
 from .meta import metadata
 
@@ -64,13 +65,35 @@ def build_pdb(review: Review, component: str) -> dict[str, Any]:
     }
 
 
+OPERATOR_PEER_ENV = "QWEN_OPERATOR_PEER"
+
+
+def parse_operator_peer(text: str | None) -> dict[str, Any] | None:
+    """The operator's own pods as a NetworkPolicy peer (the chart's QWEN_OPERATOR_PEER), or None where
+    the operator runs outside the cluster (a developer's `qwen-operator run`: no pod to admit)."""
+    if not text or not text.strip():
+        return None
+    (peer,) = parse_scrapers(f"[{text}]")
+    return peer
+
+
 def build_engine_network_policy(
-    review: Review, scrapers: tuple[dict[str, Any], ...] = DEFAULT_SCRAPERS
+    review: Review,
+    scrapers: tuple[dict[str, Any], ...] = DEFAULT_SCRAPERS,
+    operator: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The engines' guard: vLLM's --api-key covers /v1 only (/invocations, /tokenize, /pooling answer
-    without it), so no pod but this deployment's gateway and the named scrapers may connect at all."""
+    without it), so no pod but this deployment's gateway and the named scrapers may connect at all.
+    With LoRA, the lora-sync sidecar's port (/status, /metrics) admits the scrapers and the operator."""
     qd = review.resource
     port = [{"protocol": "TCP", "port": ENGINE_PORT}]
+    ingress = [
+        {"from": [{"podSelector": {"matchLabels": names.selector(qd, "gateway")}}], "ports": port},
+        {"from": [copy.deepcopy(peer) for peer in scrapers], "ports": port},
+    ]
+    if qd.spec.lora:
+        peers = [copy.deepcopy(peer) for peer in (*scrapers, *([operator] if operator else []))]
+        ingress.append({"from": peers, "ports": [{"protocol": "TCP", "port": SIDECAR_PORT}]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -78,9 +101,6 @@ def build_engine_network_policy(
         "spec": {
             "podSelector": {"matchLabels": names.selector(qd, "engine")},
             "policyTypes": ["Ingress"],
-            "ingress": [
-                {"from": [{"podSelector": {"matchLabels": names.selector(qd, "gateway")}}], "ports": port},
-                {"from": [copy.deepcopy(peer) for peer in scrapers], "ports": port},
-            ],
+            "ingress": ingress,
         },
     }

@@ -1,0 +1,78 @@
+"""LoRA adapters without engine restarts: the ConfigMap of desired adapters and the `lora-sync` sidecar.
+
+The engine pod template holds only the slot settings (engine flags) and this sidecar, never the adapter
+list: the list lives in the ConfigMap, which kubelet updates in place in the mounted volume, and the
+sidecar (`qwen-operator lora-sync`, the operator's own image) loads and unloads adapters through the
+engine's runtime routes on loopback with the engine's key. The operator reads no Secret and calls no
+engine; it counts where each adapter is loaded from the sidecars' /status (status.py).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .. import names, versions
+from ..api.lorafile import FILE_NAME, MOUNT_DIR, SIDECAR_PORT, Adapter, HubSource, render
+from ..api.review import Review
+from .meta import metadata
+
+#: The operator's own image, which the sidecar runs: the chart passes the image it installed.
+OPERATOR_IMAGE_ENV = "QWEN_OPERATOR_IMAGE"
+#: Named container port of the sidecar (/status, /metrics, /healthz).
+PORT_NAME = "lora-sync"
+VOLUME = "lora-adapters"
+
+
+def operator_image() -> str:
+    return os.environ.get(OPERATOR_IMAGE_ENV) or versions.OPERATOR_IMAGE
+
+
+def desired_adapters(review: Review) -> list[Adapter]:
+    lora = review.resource.spec.lora
+    assert lora is not None
+    adapters = []
+    for a in lora.adapters:
+        hub = a.source.hugging_face
+        source = HubSource(hub.repo, hub.revision) if hub else None
+        adapters.append(Adapter(a.name, path=a.source.path, hub=source))
+    return adapters
+
+
+def build_lora_config_map(review: Review) -> dict[str, Any]:
+    """The desired adapters, read by every engine pod's sidecar."""
+    qd = review.resource
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(qd, names.lora(qd), "engine"),
+        "data": {FILE_NAME: render(desired_adapters(review))},
+    }
+
+
+def lora_volume(review: Review) -> dict[str, Any]:
+    return {"name": VOLUME, "configMap": {"name": names.lora(review.resource), "defaultMode": 0o444}}
+
+
+def lora_sidecar(review: Review, env: list[dict[str, Any]], cache_mount: dict[str, Any]) -> dict[str, Any]:
+    """`qwen-operator lora-sync` beside the engine: the engine's key and model cache, the desired file."""
+    keep = {"HF_HOME", "HF_TOKEN", "HF_HUB_OFFLINE", "VLLM_API_KEY"}
+    probe = {"httpGet": {"path": "/healthz", "port": PORT_NAME}, "periodSeconds": 20, "timeoutSeconds": 5}
+    return {
+        "name": "lora-sync",
+        "image": operator_image(),
+        "command": ["qwen-operator", "lora-sync"],
+        "args": ["--model-cache", cache_mount["mountPath"], "--port", str(SIDECAR_PORT)],
+        "ports": [{"name": PORT_NAME, "containerPort": SIDECAR_PORT, "protocol": "TCP"}],
+        "env": [e for e in env if e["name"] in keep],
+        "livenessProbe": {**probe, "failureThreshold": 3},
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        "volumeMounts": [{**cache_mount}, {"name": VOLUME, "mountPath": MOUNT_DIR, "readOnly": True}],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            # As the engine (manifests/engine.py): the model cache is root's, and Hub downloads go there.
+            "runAsUser": 0,
+        },
+    }

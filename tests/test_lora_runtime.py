@@ -1,0 +1,175 @@
+"""LoRA adapters without engine restarts, operator side: the adapters' ConfigMap, the lora-sync sidecar in
+the engine pod, the NetworkPolicy rule for its port, and status.lora / AdaptersLoaded from what the
+sidecars report. (The sidecar itself against a real engine: tests/test_lorasync_live.py.)"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from qwen_operator.adapters import LoraObservation, observe
+from qwen_operator.api.lorafile import FILE_NAME, SIDECAR_PORT, parse
+from qwen_operator.api.review import review
+from qwen_operator.manifests import ClusterFacts, build_all
+from qwen_operator.manifests.policy import parse_operator_peer
+from qwen_operator.status import Observed, compute_status
+from support import example
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+OPERATOR = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "qwen-system"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "qwen-operator"}},
+}
+
+
+def minimal_body() -> dict[str, Any]:
+    return example("a100-80gb-tp2-bf16")
+
+
+def _body(*adapters: dict[str, Any]) -> dict[str, Any]:
+    body = minimal_body()
+    body["spec"]["model"]["cache"] = {"claimName": "models"}
+    body["spec"]["lora"] = {"maxLoras": 2, "maxLoraRank": 16, "adapters": list(adapters)}
+    return body
+
+
+SQL = {"name": "sql", "source": {"path": "loras/sql"}}
+CHAT = {"name": "chat", "source": {"huggingFace": {"repo": "org/chat-lora", "revision": COMMIT}}}
+
+
+def _objects(body: dict[str, Any], operator: dict[str, Any] | None = None) -> dict[tuple[str, str], Any]:
+    rev = review(body)
+    assert rev.ok, rev.plan.errors
+    return {(o["kind"], o["metadata"]["name"]): o for o in build_all(rev, ClusterFacts(operator=operator))}
+
+
+def _engine_pod(objects: dict[tuple[str, str], Any]) -> dict[str, Any]:
+    (deployment,) = [o for (k, n), o in objects.items() if k == "Deployment" and n.endswith("-engine")]
+    return dict(deployment["spec"]["template"])
+
+
+def test_the_adapters_go_to_a_config_map_the_sidecar_reads() -> None:
+    objects = _objects(_body(SQL, CHAT))
+    config_map = objects[("ConfigMap", "chat-a100-lora")]
+    assert [(a.name, a.path, a.hub) for a in parse(config_map["data"][FILE_NAME])] == [
+        ("sql", "loras/sql", None),
+        ("chat", None, parse(config_map["data"][FILE_NAME])[1].hub),
+    ]
+    assert parse(config_map["data"][FILE_NAME])[1].hub.revision == COMMIT  # type: ignore[union-attr]
+    pod = _engine_pod(objects)["spec"]
+    vllm, sidecar = pod["containers"]
+    assert sidecar["name"] == "lora-sync" and sidecar["command"] == ["qwen-operator", "lora-sync"]
+    assert sidecar["ports"] == [{"name": "lora-sync", "containerPort": SIDECAR_PORT, "protocol": "TCP"}]
+    # The engine's key and cache, nothing else of its environment.
+    assert {e["name"] for e in sidecar["env"]} == {"HF_HOME", "VLLM_API_KEY"}
+    assert next(e for e in sidecar["env"] if e["name"] == "VLLM_API_KEY") == next(
+        e for e in vllm["env"] if e["name"] == "VLLM_API_KEY"
+    )
+    assert sidecar["volumeMounts"][0] == vllm["volumeMounts"][0]  # the model cache, same path
+    assert {"name": "lora-adapters", "configMap": {"name": "chat-a100-lora", "defaultMode": 0o444}} in pod[
+        "volumes"
+    ]
+
+
+def test_adding_or_removing_an_adapter_changes_the_config_map_not_the_engine_pod() -> None:
+    one, two, none = _objects(_body(SQL)), _objects(_body(SQL, CHAT)), _objects(_body())
+    assert _engine_pod(one) == _engine_pod(two) == _engine_pod(none)
+    assert one[("ConfigMap", "chat-a100-lora")] != two[("ConfigMap", "chat-a100-lora")]
+
+
+def test_without_lora_there_is_no_sidecar_no_config_map_and_no_sidecar_port() -> None:
+    objects = _objects(minimal_body(), OPERATOR)
+    assert not [k for k in objects if k[0] == "ConfigMap" and k[1].endswith("-lora")]
+    assert [c["name"] for c in _engine_pod(objects)["spec"]["containers"]] == ["vllm"]
+    policy = objects[("NetworkPolicy", "chat-a100-engine")]
+    assert all(p["port"] != SIDECAR_PORT for rule in policy["spec"]["ingress"] for p in rule["ports"])
+
+
+def test_the_sidecar_port_admits_the_scrapers_and_the_operator_only() -> None:
+    policy = _objects(_body(SQL), OPERATOR)[("NetworkPolicy", "chat-a100-engine")]
+    (rule,) = [r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == SIDECAR_PORT]
+    assert OPERATOR in rule["from"]
+    assert all(set(peer) == {"namespaceSelector", "podSelector"} for peer in rule["from"])
+    # The engine port is unchanged: the operator does not reach the engine itself.
+    engine_rules = [r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] != SIDECAR_PORT]
+    assert all(OPERATOR not in r["from"] for r in engine_rules)
+
+
+def test_the_operator_peer_must_select_something() -> None:
+    assert parse_operator_peer(None) is None and parse_operator_peer(" ") is None
+    assert parse_operator_peer(json.dumps(OPERATOR)) == OPERATOR
+    with pytest.raises(ValueError, match="empty one selects everything"):
+        parse_operator_peer(json.dumps({**OPERATOR, "podSelector": {}}))
+
+
+def _pod(name: str, ip: str, ready: bool = True) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def test_where_each_adapter_is_loaded_is_counted_from_the_sidecars() -> None:
+    reports = {
+        "http://10.0.0.1:8001/status": {"adapters": {"sql": {"loaded": True}, "chat": {"loaded": True}}},
+        "http://10.0.0.2:8001/status": {
+            "adapters": {"sql": {"loaded": True}, "chat": {"loaded": False, "error": "rank 64 > 16"}}
+        },
+    }
+
+    def fetch(url: str) -> dict[str, Any]:
+        if url not in reports:
+            raise OSError("connection refused")
+        return copy.deepcopy(reports[url])
+
+    pods = [_pod("a", "10.0.0.1"), _pod("b", "10.0.0.2"), _pod("c", "10.0.0.3"), _pod("d", "", ready=False)]
+    seen = observe(pods, ["sql", "chat"], fetch)
+    assert seen.pods == 3  # d is not ready
+    assert seen.adapters["sql"].loaded == 2 and seen.adapters["chat"].loaded == 1
+    assert seen.adapters["chat"].errors == ["b: rank 64 > 16"]
+    assert seen.silent == ["c: connection refused"]
+
+
+def _status(seen: LoraObservation | None, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    obs = Observed(generation=1, review=review(body or _body(SQL, CHAT)), lora=seen)
+    return compute_status(obs, None)
+
+
+def _adapters_loaded(status: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == "AdaptersLoaded")
+
+
+def test_adapters_loaded_says_loading_failed_or_loaded() -> None:
+    reports = {"sql": {"loaded": True}, "chat": {"loaded": True}}
+    everywhere = observe([_pod("a", "10.0.0.1")], ["sql", "chat"], lambda url: {"adapters": reports})
+    status = _status(everywhere)
+    assert _adapters_loaded(status)["status"] == "True" and _adapters_loaded(status)["reason"] == "Loaded"
+    assert status["lora"] == {
+        "adapters": [{"name": "sql", "loaded": "1/1"}, {"name": "chat", "loaded": "1/1"}]
+    }
+
+    failing = observe(
+        [_pod("a", "10.0.0.1")],
+        ["sql", "chat"],
+        lambda url: {
+            "adapters": {"sql": {"loaded": True}, "chat": {"loaded": False, "error": "no such dir"}}
+        },
+    )
+    status = _status(failing)
+    condition = _adapters_loaded(status)
+    assert (condition["status"], condition["reason"]) == ("False", "LoadFailed")
+    assert "chat (a: no such dir)" in condition["message"]
+    assert status["lora"]["adapters"][1] == {"name": "chat", "loaded": "0/1", "error": "a: no such dir"}
+
+    loading = observe([_pod("a", "10.0.0.1")], ["sql", "chat"], lambda url: {"adapters": {}})
+    assert _adapters_loaded(_status(loading))["reason"] == "Loading"
+    assert _adapters_loaded(_status(None))["reason"] == "NoReadyEngine"
+
+
+def test_without_lora_the_status_has_no_adapters_and_no_condition_for_them() -> None:
+    status = _status(None, minimal_body())
+    assert "lora" not in status
+    assert all(c["type"] != "AdaptersLoaded" for c in status["conditions"])

@@ -289,7 +289,7 @@ def test_a_failing_adapter_backs_off_and_holds_up_no_other(fake: FakeVllm, tmp_p
     assert status["good"] == {"loaded": True, "error": None}
     assert status["big"] == {
         "loaded": False,
-        "error": "HTTP 500: LoRA rank 16 is greater than max_lora_rank 8.",
+        "error": f"load from {tmp_path}/loras/big: HTTP 500: LoRA rank 16 is greater than max_lora_rank 8.",
     }
     assert status["gone"]["loaded"] is False
     assert "No adapter found" in status["gone"]["error"]
@@ -418,7 +418,8 @@ def test_hub_adapter_is_downloaded_in_the_background(fake: FakeVllm, tmp_path: P
     assert fake.loras["sql"] == str(hub_snapshot(hub, tmp_path))
     assert status["broken"] == {
         "loaded": False,
-        "error": f"download of my-org/broken@{COMMIT} failed: 403 Forbidden",
+        "error": f"load from {hub_snapshot(HubSource('my-org/broken', COMMIT), tmp_path)}: "
+        f"download of my-org/broken@{COMMIT} failed: 403 Forbidden",
     }
     assert syncer.report.adapters["broken"].load_failures == 1
 

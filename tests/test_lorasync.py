@@ -1,6 +1,6 @@
 """The lora-sync sidecar without an engine: the desired-file format, the pure logic (plan, backoff, the
 engine's model list and errors), the sync loop against a stand-in of vLLM's LoRA routes on loopback, its
-/status and /metrics, and the CLI process. With the real engine:
+/status and /metrics, the CLI process, and the tiny random adapters. With the real engine:
 test_lorasync_live.py."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pytest
 
 from qwen_devtools.net import LOOPBACK, free_port, http_get, metric_sum
 from qwen_devtools.procs import running, spawn, wait_ready
+from qwen_devtools.realparts.lora import ALL_MODULES, adapter_config, tensor_shapes, write_random_lora
 from qwen_devtools.wait import wait_until
 from qwen_operator.api.lorafile import Adapter, DesiredFileError, HubSource, parse, render
 from qwen_operator.lorasync import (
@@ -289,7 +290,7 @@ def test_a_failing_adapter_backs_off_and_holds_up_no_other(fake: FakeVllm, tmp_p
     assert status["good"] == {"loaded": True, "error": None}
     assert status["big"] == {
         "loaded": False,
-        "error": "HTTP 500: LoRA rank 16 is greater than max_lora_rank 8.",
+        "error": f"load from {tmp_path}/loras/big: HTTP 500: LoRA rank 16 is greater than max_lora_rank 8.",
     }
     assert status["gone"]["loaded"] is False
     assert "No adapter found" in status["gone"]["error"]
@@ -418,7 +419,8 @@ def test_hub_adapter_is_downloaded_in_the_background(fake: FakeVllm, tmp_path: P
     assert fake.loras["sql"] == str(hub_snapshot(hub, tmp_path))
     assert status["broken"] == {
         "loaded": False,
-        "error": f"download of my-org/broken@{COMMIT} failed: 403 Forbidden",
+        "error": f"load from {hub_snapshot(HubSource('my-org/broken', COMMIT), tmp_path)}: "
+        f"download of my-org/broken@{COMMIT} failed: 403 Forbidden",
     }
     assert syncer.report.adapters["broken"].load_failures == 1
 
@@ -523,3 +525,57 @@ def test_cli_refuses_a_bad_interval() -> None:
     done = subprocess.run([str(cli_path()), "lora-sync", "--interval", "0"], capture_output=True, text=True)
     assert done.returncode == 2
     assert "--interval must be positive" in done.stderr
+
+
+# --- tiny random adapters -------------------------------------------------------------------------
+
+TINY = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "head_dim": 64, "num_hidden_layers": 2}  # fmt: skip
+
+
+def test_tensor_names_and_shapes() -> None:
+    shapes = tensor_shapes(TINY, rank=8)
+    assert len(shapes) == 2 * len(ALL_MODULES) * 2
+    layer = "base_model.model.model.layers.1"
+    assert shapes[f"{layer}.self_attn.q_proj.lora_A.weight"] == (8, 128)
+    assert shapes[f"{layer}.self_attn.q_proj.lora_B.weight"] == (128, 8)
+    assert shapes[f"{layer}.self_attn.k_proj.lora_B.weight"] == (64, 8)
+    assert shapes[f"{layer}.self_attn.o_proj.lora_A.weight"] == (8, 128)
+    assert shapes[f"{layer}.mlp.gate_proj.lora_B.weight"] == (256, 8)
+    assert shapes[f"{layer}.mlp.down_proj.lora_A.weight"] == (8, 256)
+    assert set(tensor_shapes(TINY, 4, ["q_proj"])) == {
+        f"base_model.model.model.layers.{n}.self_attn.q_proj.lora_{m}.weight" for n in (0, 1) for m in "AB"
+    }
+    with pytest.raises(ValueError, match="lm_head"):
+        tensor_shapes(TINY, 8, ["lm_head"])
+    config = adapter_config(16, ALL_MODULES, 2.0, "tiny")
+    assert (
+        config["r"] == 16 and config["lora_alpha"] == 32.0 and config["target_modules"] == list(ALL_MODULES)
+    )
+
+
+def test_write_random_lora(tiny_model: Path, tmp_path: Path) -> None:
+    """Written by the vLLM venv's torch and safetensors, read back there: random A and B (B is not
+    zero, as PEFT's init would leave it), the names and shapes above, and a seed that decides them."""
+    one = write_random_lora(tmp_path / "one", tiny_model, rank=8, seed=1)
+    two = write_random_lora(tmp_path / "two", tiny_model, rank=8, seed=2)
+    again = write_random_lora(tmp_path / "again", tiny_model, rank=8, seed=1)
+    assert json.loads((one / "adapter_config.json").read_text())["r"] == 8
+    from qwen_devtools.vllm_env import TOOL_ENV, vllm_python
+
+    code = r"""
+import json, sys
+from safetensors.torch import load_file
+a, b, c = (load_file(p + "/adapter_model.safetensors") for p in sys.argv[1:4])
+name = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
+print(json.dumps({"shapes": {k: list(v.shape) for k, v in a.items()}, "b_std": a[name].float().std().item(),
+                  "same_seed": all((a[k] == c[k]).all().item() for k in a),
+                  "other_seed": any((a[k] != b[k]).any().item() for k in a)}))
+"""
+    argv = [str(vllm_python()), "-c", code, str(one), str(two), str(again)]
+    done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **TOOL_ENV}, check=True)
+    facts = json.loads(done.stdout)
+    config = json.loads((tiny_model / "config.json").read_text())
+    assert facts["shapes"] == {k: list(v) for k, v in tensor_shapes(config, 8).items()}
+    assert facts["b_std"] > 0.1  # 1/sqrt(rank) = 0.35
+    assert facts["same_seed"] and facts["other_seed"]

@@ -284,7 +284,7 @@ class Syncer:
             return True
         attempt = self.attempts.setdefault(name, Attempt(want))
         attempt.failures += 1
-        attempt.error = error
+        attempt.error = f"load from {want}: {error}" if want else f"unload: {error}"  # vLLM hides paths
         attempt.retry_at = self.clock() + backoff_seconds(attempt.failures)
         if want:
             self.load_failures[name] = self.load_failures.get(name, 0) + 1
@@ -297,23 +297,21 @@ class Syncer:
         background, so that a large adapter never holds up the others."""
         if hub in self.downloaded:
             return True
-        if complete_snapshot(Path(want)):  # a restart, or a cache filled beforehand: no Hub call needed
-            self.downloaded.add(hub)
-            return True
         future = self.downloads.get(hub)
-        if future is None:
+        if future is not None:
+            if not future.done():
+                return False
+            del self.downloads[hub]
+            error = future.exception()
+            if error is not None:
+                self._record(name, want, f"download of {hub.repo}@{hub.revision} failed: {error}")
+                return False
+        elif not complete_snapshot(Path(want)):  # else a restart, or a cache filled beforehand
             log.info("downloading %s@%s for %s", hub.repo, hub.revision, name)
             self.downloads[hub] = self.executor.submit(self.download, hub, self.model_cache / "hub")
             return False
-        if not future.done():
-            return False
-        del self.downloads[hub]
-        error = future.exception()
-        if error is None:
-            self.downloaded.add(hub)
-            return True
-        self._record(name, want, f"download of {hub.repo}@{hub.revision} failed: {error}")
-        return False
+        self.downloaded.add(hub)
+        return True
 
     def _forget(self, loaded: Mapping[str, str]) -> None:
         """Drop the state of adapters that are neither wanted nor loaded any more."""

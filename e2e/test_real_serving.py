@@ -16,8 +16,11 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import shutil
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,6 +33,7 @@ from qwen_devtools.capacity import CapacityWatch
 from qwen_devtools.devcluster import cluster as devcluster
 from qwen_devtools.devcluster import nodebuild
 from qwen_devtools.devcluster.nodecomponents import NODE_NAME
+from qwen_devtools.realparts.lora import write_random_lora
 from qwen_devtools.wait import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.real_node, pytest.mark.engine]
@@ -454,6 +458,83 @@ def test_engines_are_reached_only_by_their_gateway_and_the_configured_scrapers(s
         # dropped, not refused: the connection never opens (a refusal or an HTTP status would mean it did)
         assert "status" not in results[stranger] and "Timeout" in results[stranger]["error"], results
     _chat_ok(served, "Which pods may call the engines?")
+
+
+def _ask(stack: Served, model: str, prompt: str = "Name three colours.") -> tuple[int, Any]:
+    """One chat completion at temperature 0 for `model` (the base model or an adapter)."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 12,
+        "temperature": 0,
+    }
+    request = urllib.request.Request(
+        f"{stack.url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {stack.key}", "Content-Type": "application/json"},
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=60) as response:
+            answer = json.loads(response.read())
+            return int(response.status), answer["choices"][0]["message"].get("content")
+    except urllib.error.HTTPError as error:
+        return int(error.code), json.loads(error.read())
+
+
+def _adapters_loaded(stack: Served, want: dict[str, str]) -> bool:
+    """AdaptersLoaded is True and status.lora lists exactly `want` ({adapter: "loaded/ready"})."""
+    status = stack.qwd().get("status", {})
+    condition = next((c for c in status.get("conditions", []) if c["type"] == "AdaptersLoaded"), {})
+    listed = {a["name"]: a["loaded"] for a in status.get("lora", {}).get("adapters", [])}
+    return condition.get("status") == "True" and listed == want
+
+
+def test_lora_adapters_are_loaded_and_removed_without_restarting_the_engine(served: Served) -> None:
+    """LoRA slots on (an engine edit: one rollout), then two tiny random adapters (random A and B, so each
+    really changes the output) written into the model cache PVC and added to the spec: the engine pod's
+    lora-sync sidecar loads them without a restart (same pod UID), status.lora and AdaptersLoaded say so,
+    and through the gateway each adapter answers differently from the base model at temperature 0, the
+    same way twice. One removed: the engine answers it with its own 404 JSON, the other still serves."""
+    cache = serving.cache_dir() / serving.MODEL_CACHE_DIR
+    folder = f"loras/e2e-{secrets.token_hex(4)}"
+    model_dir = serving.cache_dir() / "tiny-qwen3-model"
+    for seed, name in enumerate(("sql", "poet")):
+        write_random_lora(cache / folder / name, model_dir, rank=8, seed=seed + 1, scale=4.0)
+    slots = {"maxLoras": 2, "maxLoraRank": 8}
+    try:
+        served.patch({"lora": {**slots, "adapters": []}})
+        serving.wait_serving(served.cluster, NAMESPACE, NAME)
+        wait_until(lambda: _adapters_loaded(served, {}), 300, "AdaptersLoaded with no adapter")
+        before = sorted(p["metadata"]["uid"] for p in served.pods(ENGINE_SELECTOR))
+        base = _ask(served, "Qwen/Qwen3-32B")
+        assert base[0] == 200, base
+
+        adapters = [{"name": n, "source": {"path": f"{folder}/{n}"}, "rank": 8} for n in ("sql", "poet")]
+        started = time.monotonic()
+        served.patch({"lora": {**slots, "adapters": adapters}})
+        wait_until(lambda: _adapters_loaded(served, {"sql": "1/1", "poet": "1/1"}), 240, "both adapters")
+        loaded_in = time.monotonic() - started
+        assert sorted(p["metadata"]["uid"] for p in served.pods(ENGINE_SELECTOR)) == before
+        answers = {name: _ask(served, name) for name in ("sql", "poet")}
+        again = _ask(served, "sql")
+        print(f"\n[lora] both adapters loaded {loaded_in:.0f} s after the edit; base {base[1]!r}, {answers}")
+        assert all(status == 200 for status, _ in answers.values()), answers
+        assert len({base[1], answers["sql"][1], answers["poet"][1]}) == 3, (base, answers)
+        assert again == answers["sql"]
+
+        started = time.monotonic()
+        served.patch({"lora": {**slots, "adapters": adapters[:1]}})
+        wait_until(lambda: _adapters_loaded(served, {"sql": "1/1"}), 240, "poet to be removed")
+        wait_until(lambda: _ask(served, "poet")[0] == 404, 60, "the engine to refuse the removed adapter")
+        removed_in = time.monotonic() - started
+        status, error = _ask(served, "poet")
+        assert status == 404 and "poet" in error["error"]["message"], error
+        assert _ask(served, "sql") == answers["sql"]
+        assert sorted(p["metadata"]["uid"] for p in served.pods(ENGINE_SELECTOR)) == before
+        print(f"[lora] one removed {removed_in:.0f} s after the edit; the other still answers the same")
+    finally:
+        shutil.rmtree(cache / folder, ignore_errors=True)
 
 
 # --- deployments of their own ------------------------------------------------------------------------

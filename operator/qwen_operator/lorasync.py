@@ -232,6 +232,8 @@ class Syncer:
                 self._reports({}), False, self.report.last_sync, file_error, engine_error=str(error)
             )
             return self.report
+        if not self.report.engine_reachable:
+            log.info("engine %s reachable, %d adapters loaded", self.engine.url, len(loaded))
         self._forget(loaded)
         self.report = Report(self._reports(loaded), True, time.time(), file_error)
         return self.report

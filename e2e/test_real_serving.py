@@ -476,8 +476,10 @@ def _ask(stack: Served, model: str, prompt: str = "Name three colours.") -> tupl
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(request, timeout=60) as response:
-            answer = json.loads(response.read())
-            return int(response.status), answer["choices"][0]["message"].get("content")
+            message = json.loads(response.read())["choices"][0]["message"]
+            # The tiny model's random text may land in the reasoning field (the qwen3 reasoning parser).
+            text = "".join(str(message.get(k) or "") for k in ("reasoning", "reasoning_content", "content"))
+            return int(response.status), text
     except urllib.error.HTTPError as error:
         return int(error.code), json.loads(error.read())
 
@@ -525,8 +527,7 @@ def test_lora_adapters_are_loaded_and_removed_without_restarting_the_engine(serv
 
         started = time.monotonic()
         served.patch({"lora": {**slots, "adapters": adapters[:1]}})
-        wait_until(lambda: _adapters_loaded(served, {"sql": "1/1"}), 240, "poet to be removed")
-        wait_until(lambda: _ask(served, "poet")[0] == 404, 60, "the engine to refuse the removed adapter")
+        wait_until(lambda: _adapters_loaded(served, {"sql": "1/1"}), 240, "poet to be unloaded")
         removed_in = time.monotonic() - started
         status, error = _ask(served, "poet")
         assert status == 404 and "poet" in error["error"]["message"], error

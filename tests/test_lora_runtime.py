@@ -166,6 +166,13 @@ def test_adapters_loaded_says_loading_failed_or_loaded() -> None:
 
     loading = observe([_pod("a", "10.0.0.1")], ["sql", "chat"], lambda url: {"adapters": {}})
     assert _adapters_loaded(_status(loading))["reason"] == "Loading"
+
+    # chat removed from the spec; the sidecar still runs the old list until kubelet updates its file.
+    old_list = {"sql": {"loaded": True}, "chat": {"loaded": True}}
+    unloading = observe([_pod("a", "10.0.0.1")], ["sql"], lambda url: {"adapters": old_list})
+    condition = _adapters_loaded(_status(unloading, _body(SQL)))
+    assert (condition["status"], condition["reason"]) == ("False", "Unloading")
+    assert "chat on 1/1" in condition["message"]
     assert _adapters_loaded(_status(None))["reason"] == "NoReadyEngine"
 
 

@@ -40,6 +40,8 @@ class LoraObservation:
     adapters: dict[str, AdapterState]
     #: "pod: why" for each ready pod whose sidecar did not answer (not counted as loaded anywhere).
     silent: list[str] = field(default_factory=list)
+    #: Adapters no longer desired but still loaded (the sidecar has yet to see the new list): pods each.
+    unloading: dict[str, int] = field(default_factory=dict)
 
 
 def _get_json(url: str) -> dict[str, Any]:
@@ -68,6 +70,9 @@ def observe(pods: list[dict[str, Any]], desired: list[str], fetch: Fetch = _get_
             seen.silent.append(f"{name}: {error}")
             continue
         states = report.get("adapters") or {}
+        for adapter, mine in states.items():
+            if adapter not in seen.adapters and (mine or {}).get("loaded"):
+                seen.unloading[adapter] = seen.unloading.get(adapter, 0) + 1
         for adapter, state in seen.adapters.items():
             mine = states.get(adapter) or {}
             if mine.get("loaded"):

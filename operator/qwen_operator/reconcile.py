@@ -159,7 +159,7 @@ def _reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
     pending = any(p.get("status", {}).get("phase") == "Pending" for p in obs.pods + obs.gateway_pods)
     status = compute_status(obs, previous)
     loading = any(
-        c["type"] == "AdaptersLoaded" and c["reason"] in ("Loading", "LoadFailed")
+        c["type"] == "AdaptersLoaded" and c["reason"] in ("Loading", "LoadFailed", "Unloading")
         for c in status["conditions"]
     )
     requeue = WAITING_POLL_SECONDS if pending else ADAPTER_POLL_SECONDS if loading else None

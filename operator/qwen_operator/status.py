@@ -426,6 +426,9 @@ def _adapters_loaded(seen: LoraObservation | None) -> dict[str, Any]:
         missing.append("no answer from the lora-sync sidecar of " + "; ".join(seen.silent))
     if missing:
         return _cond("AdaptersLoaded", False, "Loading", "loading: " + ", ".join(missing))
+    if seen.unloading:
+        removed = ", ".join(f"{n} on {count}/{seen.pods}" for n, count in sorted(seen.unloading.items()))
+        return _cond("AdaptersLoaded", False, "Unloading", f"removed from the spec, still loaded: {removed}")
     return _cond(
         "AdaptersLoaded", True, "Loaded", f"{len(seen.adapters)} adapters on {seen.pods} engine pods"
     )

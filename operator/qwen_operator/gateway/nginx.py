@@ -23,8 +23,8 @@ from .wiring import POD, Wiring
 #: Routes clients may call; everything else (engine admin routes included) gets a JSON 404.
 OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
 #: One event loop proxies thousands of requests per second, far more than a gateway pod's engines serve;
-#: a second worker used more CPU per request and slowed streams where cores were scarce
-#: (bench/gateway_profile_bench.py, docs/gateway.md "What the gateway costs").
+#: a second one made no difference on simulated engines and was behind where cores were scarce
+#: (bench/gateway_profile_bench.py --cpu; docs/gateway.md "What the gateway costs").
 NGINX_WORKERS = 1
 #: Access-log writes: a block of lines at a time, never held longer than the flush time.
 LOG_BUFFER = "16k"

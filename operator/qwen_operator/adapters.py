@@ -8,18 +8,14 @@ deployments with spec.lora.
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .api.lorafile import SIDECAR_PORT
 
-#: Seconds one sidecar may take to answer before the pod counts as not reporting.
-TIMEOUT_SECONDS = 2.0
-
+#: GET a sidecar's /status URL and return its JSON; raises OSError or ValueError when there is no answer
+#: (reconcile.py passes the HTTP call; this module stays pure).
 Fetch = Callable[[str], dict[str, Any]]
 
 
@@ -44,12 +40,6 @@ class LoraObservation:
     unloading: dict[str, int] = field(default_factory=dict)
 
 
-def _get_json(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url, timeout=TIMEOUT_SECONDS) as response:
-        body: dict[str, Any] = json.loads(response.read())
-        return body
-
-
 def _ready(pod: dict[str, Any]) -> bool:
     conditions = pod.get("status", {}).get("conditions") or []
     return bool(pod.get("status", {}).get("podIP")) and any(
@@ -57,7 +47,7 @@ def _ready(pod: dict[str, Any]) -> bool:
     )
 
 
-def observe(pods: list[dict[str, Any]], desired: list[str], fetch: Fetch = _get_json) -> LoraObservation:
+def observe(pods: list[dict[str, Any]], desired: list[str], fetch: Fetch) -> LoraObservation:
     """Ask the sidecar of every ready pod; count, per desired adapter, the pods that have it loaded."""
     ready = [p for p in pods if _ready(p)]
     seen = LoraObservation(pods=len(ready), adapters={name: AdapterState() for name in desired})
@@ -66,7 +56,7 @@ def observe(pods: list[dict[str, Any]], desired: list[str], fetch: Fetch = _get_
         url = f"http://{pod['status']['podIP']}:{SIDECAR_PORT}/status"
         try:
             report = fetch(url)
-        except (OSError, ValueError, urllib.error.URLError) as error:
+        except (OSError, ValueError) as error:  # urllib's URLError is an OSError
             seen.silent.append(f"{name}: {error}")
             continue
         states = report.get("adapters") or {}

@@ -8,9 +8,11 @@ compute the status, and write it (with an Event per changed condition) only when
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from secrets import token_urlsafe
 from typing import Any
@@ -356,7 +358,18 @@ def _observe(cluster: Cluster, obs: Observed, rev: Review) -> None:
     if qd.spec.autoscaling:
         _observe_scaling(cluster, obs, rev)
     if qd.spec.lora is not None:
-        obs.lora = adapters.observe(obs.pods, [a.name for a in qd.spec.lora.adapters])
+        obs.lora = adapters.observe(obs.pods, [a.name for a in qd.spec.lora.adapters], _sidecar_status)
+
+
+#: Seconds one lora-sync sidecar may take to answer before its pod counts as not reporting.
+SIDECAR_TIMEOUT_SECONDS = 2.0
+
+
+def _sidecar_status(url: str) -> dict[str, Any]:
+    """GET a lora-sync sidecar's /status (a pod IP, plain HTTP inside the cluster)."""
+    with urllib.request.urlopen(url, timeout=SIDECAR_TIMEOUT_SECONDS) as response:
+        body: dict[str, Any] = json.loads(response.read())
+        return body
 
 
 def _observe_refused(cluster: Cluster, obs: Observed, meta: dict[str, Any]) -> None:

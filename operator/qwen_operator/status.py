@@ -16,6 +16,9 @@ Conditions (all always present, so `kubectl wait --for=condition=X` works):
                   throttling, server error, timeout, a child name taken by a foreign object) and the retry
   Ready           at least one engine replica and the gateway serve (after a refused update: what still
                   serves, with reason ServingPreviousSpec)
+  AdaptersLoaded  only with spec.lora: every adapter is loaded on every ready engine pod and no removed one
+                  still is (False: Loading, LoadFailed with the engine's error, Unloading), from the engine
+                  pods' lora-sync sidecars
 
 Each optional child kind is reported by the condition `qwen_operator.kinds` assigns it.
 """
@@ -47,6 +50,8 @@ CONDITION_TYPES = (
     "ReferencesResolved",
     "Synced",
 )
+#: Conditions a status has only when the spec asks for what they report (AdaptersLoaded: spec.lora).
+OPTIONAL_CONDITION_TYPES = ("AdaptersLoaded",)
 
 
 @dataclass
@@ -514,7 +519,7 @@ def compute_status(
     types = list(CONDITION_TYPES)
     if obs.review is not None and obs.review.resource.spec.lora is not None:
         conds["AdaptersLoaded"] = _adapters_loaded(obs.lora)
-        types.append("AdaptersLoaded")
+        types += OPTIONAL_CONDITION_TYPES
     status: dict[str, Any] = {
         "observedGeneration": obs.generation,
         "phase": _phase(conds),

@@ -161,7 +161,8 @@ def _condition_meanings(doc: str) -> dict[str, str]:
 def _conditions() -> list[str]:
     meaning = _condition_meanings(status_module.__doc__ or "")
     lines = ["", "### Conditions", "", "| Type | Meaning |", "|---|---|"]
-    return lines + [f"| `{t}` | {_cell(meaning.get(t, ''))} |" for t in status_module.CONDITION_TYPES]
+    types = (*status_module.CONDITION_TYPES, *status_module.OPTIONAL_CONDITION_TYPES)
+    return lines + [f"| `{t}` | {_cell(meaning.get(t, ''))} |" for t in types]
 
 
 def _status() -> list[str]:

@@ -19,8 +19,6 @@ import secrets
 import shutil
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -461,27 +459,14 @@ def test_engines_are_reached_only_by_their_gateway_and_the_configured_scrapers(s
 
 
 def _ask(stack: Served, model: str, prompt: str = "Name three colours.") -> tuple[int, Any]:
-    """One chat completion at temperature 0 for `model` (the base model or an adapter)."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": 12,
-        "temperature": 0,
-    }
-    request = urllib.request.Request(
-        f"{stack.url}/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {stack.key}", "Content-Type": "application/json"},
-    )
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(request, timeout=60) as response:
-            message = json.loads(response.read())["choices"][0]["message"]
-            # The tiny model's random text may land in the reasoning field (the qwen3 reasoning parser).
-            text = "".join(str(message.get(k) or "") for k in ("reasoning", "reasoning_content", "content"))
-            return int(response.status), text
-    except urllib.error.HTTPError as error:
-        return int(error.code), json.loads(error.read())
+    """One chat completion at temperature 0 for `model` (the base model or an adapter): (status, its
+    text), or (status, the JSON error)."""
+    status, body = serving.chat(stack.url, stack.key, prompt, max_tokens=12, model=model, temperature=0)
+    if status != 200:
+        return status, json.loads(body)
+    message = body["choices"][0]["message"]
+    # The tiny model's random text may land in the reasoning field (the qwen3 reasoning parser).
+    return status, "".join(str(message.get(k) or "") for k in ("reasoning", "reasoning_content", "content"))
 
 
 def _adapters_loaded(stack: Served, want: set[str]) -> bool:

@@ -240,12 +240,22 @@ def service_url(cluster: Cluster, namespace: str, service: str) -> str:
     return f"http://{svc['spec']['clusterIP']}:{port}"
 
 
-def chat(url: str, key: str, prompt: str, max_tokens: int = 16, timeout: float = 60) -> tuple[int, Any]:
-    """POST one chat completion to the gateway at `url` with API key `key`: (status, JSON body)."""
+def chat(
+    url: str,
+    key: str,
+    prompt: str,
+    max_tokens: int = 16,
+    timeout: float = 60,
+    model: str = "Qwen/Qwen3-32B",
+    **extra: Any,
+) -> tuple[int, Any]:
+    """POST one chat completion to the gateway at `url` with API key `key`: (status, JSON body, or the
+    error body's text). `model` may name a LoRA adapter; `extra` adds request fields (temperature...)."""
     body = {
-        "model": "Qwen/Qwen3-32B",
+        "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
+        **extra,
     }
     check_destination(url, CLUSTER_NETWORKS)
     request = urllib.request.Request(

@@ -356,9 +356,15 @@ def _render(rev: Review, root: Path, keys: dict[str, str] | None, engine_key: st
     return root
 
 
-@pytest.mark.parametrize("variant", ["keys", "keys-and-engine-key", "no-auth"])
+def _with_model_access() -> Review:
+    served = _review().resource.spec.served_model_name
+    return _review(modelAccess=[{"apiKeys": ["team-a"], "models": [served]}])
+
+
+@pytest.mark.parametrize("variant", ["keys", "keys-and-engine-key", "no-auth", "model-access"])
 def test_nginx_accepts_the_rendered_config(variant: str, tmp_path: Path) -> None:
-    rev = _review() if variant != "no-auth" else _review(apiKeysSecret=None)
+    variants = {"no-auth": lambda: _review(apiKeysSecret=None), "model-access": _with_model_access}
+    rev = variants.get(variant, _review)()
     if variant == "keys-and-engine-key":
         rev = _with_engine_key(rev)
     keys = {"team-a": "sk-0123456789abcdef"} if variant != "no-auth" else None

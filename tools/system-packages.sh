@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the tests use as real parts when they are missing: nginx for the gateway,
-# promtool for the alert rules, and what the dev cluster's real node runs on (runc, the CNI plugins,
-# nftables and iptables, conntrack, socat) or is built with (podman for the images, debootstrap for
-# their local base).
+# Installs the Debian packages the tests use as real parts when they are missing: nginx (and its njs
+# module) for the gateway, promtool for the alert rules, and what the dev cluster's real node runs on
+# (runc, the CNI plugins, nftables and iptables, conntrack, socat) or is built with (podman for the
+# images, debootstrap for their local base).
 # Idempotent and quiet when everything is there. Needs root, or passwordless sudo.
 set -euo pipefail
 missing=()
 # need PACKAGE FILE: the package is missing when FILE is not there (sbin paths: a user's PATH may lack them)
 need() { [[ -e $2 ]] || missing+=("$1"); }
 command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || missing+=(nginx)
+need libnginx-mod-http-js /usr/lib/nginx/modules/ngx_http_js_module.so  # njs: spec.gateway.modelAccess
 command -v promtool >/dev/null || missing+=(prometheus)
 need runc /usr/sbin/runc
 need containernetworking-plugins /usr/lib/cni/bridge

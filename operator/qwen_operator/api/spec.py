@@ -986,6 +986,27 @@ class RateLimit(Model):
     burst: int = Field(default=50, ge=0, le=100_000, description="Requests above the rate allowed at once.")
 
 
+#: An API key's id: a data key of the API-key Secret, as run-nginx.sh accepts it.
+KeyId = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9._-]+$")]
+#: Model names clients send: spec.model's served name or an adapter's name.
+ModelName = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class ModelAccess(Model):
+    """API keys limited to some models. A key named in any rule may use the models of its rules and no
+    other (403 otherwise); a key named in no rule may use every model."""
+
+    api_keys: list[KeyId] = Field(
+        min_length=1, max_length=256, description="Key ids: data keys of the API-key Secret."
+    )
+    models: list[ModelName] = Field(
+        min_length=1,
+        max_length=256,
+        description="Models they may use: the base model's served name (spec.model.servedModelName, else "
+        "spec.model.name; also what a request naming no model gets) and adapter names (spec.lora.adapters).",
+    )
+
+
 class GatewayService(Model):
     """The client-facing Service."""
 
@@ -1021,7 +1042,13 @@ class Gateway(Model):
                     "rule": "!(has(self.auth) && self.auth == 'none' && has(self.apiKeysSecret))",
                     "message": "auth none takes no apiKeysSecret: remove one of them",
                     "fieldPath": ".apiKeysSecret",
-                }
+                },
+                {
+                    "rule": "!(has(self.auth) && self.auth == 'none' && has(self.modelAccess) && "
+                    "size(self.modelAccess) > 0)",
+                    "message": "auth none has no API keys to limit: set auth apiKeys or remove modelAccess",
+                    "fieldPath": ".modelAccess",
+                },
             ]
         }
     )
@@ -1090,6 +1117,13 @@ class Gateway(Model):
         "Service and exit, the rest finishing its streams (status.plan.drainSeconds.gateway). Default: "
         "the request timeout, at most 600 s, plus 15 s; streams still running then are cut.",
     )
+    model_access: list[ModelAccess] = Field(
+        default_factory=list,
+        max_length=64,
+        description='API keys limited to some models (docs/gateway.md, "Limiting keys to models"): a key '
+        "named here may use only the models of its rules and gets 403 for the others. Needs auth apiKeys. "
+        "Empty: every key may use every model.",
+    )
     image: Image | None = Field(default=None, description="Gateway image (nginx + vllm-router).")
     service: GatewayService = Field(default_factory=GatewayService, description="Client-facing Service.")
     ingress: Ingress | None = Field(default=None, description="Optional Ingress.")
@@ -1099,6 +1133,10 @@ class Gateway(Model):
     def _keys_need_auth(self) -> Gateway:
         if self.auth == "none" and self.api_keys_secret is not None:
             raise field_error("apiKeysSecret", "auth none takes no apiKeysSecret: remove one of them")
+        if self.auth == "none" and self.model_access:
+            raise field_error(
+                "modelAccess", "auth none has no API keys to limit: set auth apiKeys or remove modelAccess"
+            )
         return self
 
 
@@ -1191,6 +1229,24 @@ class QwenDeploymentSpec(Model):
                 )
             if adapter.source.path is not None and self.model.cache.claim_name is None:
                 raise field_error(f"lora.adapters[{i}].source.path", _PATH_NEEDS_CLAIM)
+        return self
+
+    @property
+    def model_names(self) -> list[str]:
+        """Every name a request may send in `model`: the base model's, then the adapters'."""
+        return [self.served_model_name, *(a.name for a in (self.lora.adapters if self.lora else []))]
+
+    @model_validator(mode="after")
+    def _access_to_known_models(self) -> QwenDeploymentSpec:
+        known = self.model_names
+        for i, rule in enumerate(self.gateway.model_access):
+            for j, model in enumerate(rule.models):
+                if model not in known:
+                    raise field_error(
+                        f"gateway.modelAccess[{i}].models[{j}]",
+                        f"{model!r} is neither the base model's served name nor an adapter's name; this "
+                        f"deployment serves: {', '.join(known)}",
+                    )
         return self
 
     @property

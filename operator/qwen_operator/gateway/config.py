@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..api.review import Review
 from .exporters import log_exporter_config, nginx_exporter_args
 from .limits import Limits
-from .nginx import nginx_conf, run_nginx_script
+from .nginx import model_access_script, nginx_conf, run_nginx_script
 from .router import router_args
 from .wiring import POD, Wiring
 
@@ -17,6 +17,8 @@ from .wiring import POD, Wiring
 NGINX_CONF = "nginx.conf"
 RUN_NGINX = "run-nginx.sh"
 LOG_EXPORTER_CONF = "nginxlog-exporter.yml"
+#: njs module of nginx.conf, present only with spec.gateway.modelAccess.
+MODEL_ACCESS_JS = "model-access.js"
 
 
 @dataclass(frozen=True)
@@ -33,14 +35,17 @@ class GatewayConfig:
     @staticmethod
     def of(review: Review, wiring: Wiring = POD) -> GatewayConfig:
         limits = Limits.of(review)
+        files = {
+            NGINX_CONF: nginx_conf(review, wiring, limits),
+            RUN_NGINX: run_nginx_script(review, wiring, limits),
+            LOG_EXPORTER_CONF: log_exporter_config(wiring),
+        }
+        if review.resource.spec.gateway.model_access:
+            files[MODEL_ACCESS_JS] = model_access_script()
         return GatewayConfig(
             wiring=wiring,
             limits=limits,
-            files={
-                NGINX_CONF: nginx_conf(review, wiring, limits),
-                RUN_NGINX: run_nginx_script(review, wiring, limits),
-                LOG_EXPORTER_CONF: log_exporter_config(wiring),
-            },
+            files=files,
             router_args=router_args(review, wiring, limits),
             nginx_exporter_args=nginx_exporter_args(wiring),
         )

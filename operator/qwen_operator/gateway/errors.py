@@ -18,10 +18,12 @@ class GatewayError:
     code: str
     message: str
     type: str = "invalid_request_error"
+    #: The request field at fault, if one is.
+    param: str | None = None
 
     def body(self) -> str:
         """The JSON error, ready for an nginx `return` in single quotes."""
-        error = {"message": self.message, "type": self.type, "param": None, "code": self.code}
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
         text = json.dumps({"error": error}, separators=(",", ":"))
         # nginx would expand $ in a return text, and ' or \ would end or escape its quoting.
         assert not set("$'\\") & set(text), text

@@ -31,6 +31,8 @@ def log_exporter_config(wiring: Wiring) -> str:
                     {"target_label": "key_id", "from": "key_id"},
                     {"target_label": "route", "from": "route"},
                     {"target_label": "error", "from": "error"},
+                    # the base model, an adapter or `other` (nginx.conf's $model_label)
+                    {"target_label": "model", "from": "model_label"},
                 ],
                 "histogram_buckets": LATENCY_BUCKETS,
             }

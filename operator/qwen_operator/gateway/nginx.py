@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.resources
+import re
 from functools import cache
 from typing import Any
 
@@ -9,6 +11,7 @@ import jinja2
 
 from .. import names
 from ..api.review import Review
+from .access import BODY_BUFFER, UNREAD_BODY, access_groups
 from .errors import (
     INVALID_API_KEY,
     ROUTER_BODY_ERRORS,
@@ -33,10 +36,11 @@ LOG_FLUSH = "1s"
 ACCESS_LOG_ROTATE_BYTES = 32 * 1024 * 1024
 #: sizeLimit of its emptyDir: two files of that size and what one check interval adds.
 ACCESS_LOG_SIZE_LIMIT = "96Mi"
+#: Debian's libnginx-mod-http-js (njs), loaded only where spec.gateway.modelAccess needs it.
+NJS_MODULE = "/usr/lib/nginx/modules/ngx_http_js_module.so"
 MAX_BODY = "16m"
 #: MAX_BODY for people, in the 413 error.
 MAX_BODY_TEXT = "16 MiB"
-BODY_BUFFER = "1m"
 RELOAD_INTERVAL_SECONDS = 5
 #: Buckets of conversation names (nginx split_clients, in steps of 0.1%): enough that engines get even
 #: shares of them, few enough to keep nginx.conf small.
@@ -52,6 +56,21 @@ def map_key(value: str) -> str:
     return text
 
 
+def map_regex(pattern: str) -> str:
+    """`pattern` as a regular expression of an nginx map inside double quotes, after its `~`."""
+    return pattern.replace("\\", "\\\\").replace('"', '\\"')
+
+
+#: Model names used as they are for the `model` label of the gateway's metrics (nginx would expand a `$`).
+_PLAIN_LABEL = re.compile(r"^[A-Za-z0-9._:/@+-]{1,128}$")
+
+
+def model_label(name: str) -> str:
+    """The `model` label of requests for `name` (a served name outside _PLAIN_LABEL is labeled `base`;
+    adapter names always qualify)."""
+    return name if _PLAIN_LABEL.match(name) else "base"
+
+
 @cache
 def _templates() -> jinja2.Environment:
     return jinja2.Environment(
@@ -64,6 +83,23 @@ def _templates() -> jinja2.Environment:
     )
 
 
+def _access_values(review: Review) -> list[dict[str, Any]]:
+    """nginx.conf's view of spec.gateway.modelAccess: each access group's keys, the map entries of its
+    allowed `<group>|<model>` pairs (an empty model is the base model's), and its 403."""
+    groups = []
+    for group in access_groups(review.resource.spec):
+        allowed = [*group.models, *([""] if group.base_allowed else [])]
+        groups.append(
+            {
+                "id": group.id,
+                "api_keys": [map_key(k) for k in group.keys],
+                "allowed": [map_regex(f"^{re.escape(group.id + '|' + m)}$") for m in allowed],
+                "denied": group.denied(),
+            }
+        )
+    return groups
+
+
 def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
     qd = review.resource
     g = qd.spec.gateway
@@ -74,6 +110,10 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
         "engine_key": names.engine_key(qd) is not None,
         "lora": qd.spec.lora is not None,
         "served_model": map_key(qd.spec.served_model_name),
+        "model_labels": [(map_key(m), model_label(m)) for m in qd.spec.model_names],
+        "access_groups": _access_values(review),
+        "unread_body": UNREAD_BODY,
+        "njs_module": NJS_MODULE,
         "worker_processes": NGINX_WORKERS,
         # each proxied request holds a client and an upstream connection
         "worker_connections": max(4096, 4 * limits.in_flight),
@@ -117,3 +157,9 @@ def nginx_conf(review: Review, wiring: Wiring = POD, limits: Limits | None = Non
 def run_nginx_script(review: Review, wiring: Wiring = POD, limits: Limits | None = None) -> str:
     """Entry point of the nginx container: renders keys, runs nginx, reloads it when a Secret changes."""
     return _render("run-nginx.sh.j2", review, wiring, limits)
+
+
+def model_access_script() -> str:
+    """njs module that reads a limited API key's requested model (nginx.conf's $access_model)."""
+    templates = importlib.resources.files("qwen_operator.gateway") / "templates"
+    return (templates / "model-access.js").read_text()

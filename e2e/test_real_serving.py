@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -479,6 +479,30 @@ def _adapters_loaded(stack: Served, want: set[str]) -> bool:
     return condition.get("status") == "True" and set(listed) == want and everywhere
 
 
+def _limit_a_key_to_one_adapter(served: Served) -> None:
+    """A second API key, limited to `sql` by spec.gateway.modelAccess (a gateway configuration edit: its
+    pods roll): it gets 403 in OpenAI JSON for `poet` and the base model, 200 for `sql`; the unlimited key
+    still reaches `poet`."""
+    secret = serving.dev_qwendeployment(namespace=NAMESPACE)["spec"]["gateway"]["apiKeysSecret"]
+    limited = f"sk-{secrets.token_urlsafe(24)}"
+    served.cluster.kubectl(
+        "-n", NAMESPACE, "patch", "secret", secret, "-p", json.dumps({"stringData": {"sql-team": limited}})
+    )  # fmt: skip
+    served.patch({"gateway": {"modelAccess": [{"apiKeys": ["sql-team"], "models": ["sql"]}]}})
+    limited_key = replace(served, key=limited)
+    # A new gateway pod answers; then the rollout finishes, so that no old pod (401) answers any more.
+    wait_until(lambda: _ask(limited_key, "poet")[0] == 403, 300, "a gateway pod with the rule", interval=2)
+    gateway = f"deployment/{NAME}-gateway"
+    served.cluster.kubectl("-n", NAMESPACE, "rollout", "status", gateway, "--timeout=300s", timeout=320)
+    assert _ask(limited_key, "sql")[0] == 200
+    for model in ("poet", "Qwen/Qwen3-32B"):
+        status, error = _ask(limited_key, model)
+        assert status == 403 and error["error"]["code"] == "model_not_allowed", (model, status, error)
+        assert error["error"]["message"].endswith("it may use: sql."), error
+    assert _ask(served, "poet")[0] == 200
+    print("[lora] a key limited to `sql` gets 403 for `poet` and the base model, 200 for `sql`")
+
+
 def test_lora_adapters_are_loaded_and_removed_without_restarting_the_engine(served: Served) -> None:
     """LoRA slots on (an engine edit: one rollout), then two tiny random adapters (random A and B, so each
     really changes the output) written into the model cache PVC and added to the spec: the engine pod's
@@ -511,6 +535,8 @@ def test_lora_adapters_are_loaded_and_removed_without_restarting_the_engine(serv
         assert all(status == 200 for status, _ in answers.values()), answers
         assert len({base[1], answers["sql"][1], answers["poet"][1]}) == 3, (base, answers)
         assert again == answers["sql"]
+
+        _limit_a_key_to_one_adapter(served)
 
         started = time.monotonic()
         served.patch({"lora": {**slots, "adapters": adapters[:1]}})

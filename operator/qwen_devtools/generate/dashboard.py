@@ -381,7 +381,7 @@ _KIND_OPTIONS: dict[str, dict[str, Any]] = {
 
 
 def _panel_json(panel: Panel, panel_id: int, grid: dict[str, int]) -> dict[str, Any]:
-    targets = [
+    targets: list[dict[str, Any]] = [
         {"refId": chr(ord("A") + i), "expr": expr, "legendFormat": legend, "datasource": DATASOURCE}
         for i, (expr, legend) in enumerate(panel.queries)
     ]

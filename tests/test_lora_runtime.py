@@ -1,6 +1,7 @@
 """LoRA adapters without engine restarts, operator side: the adapters' ConfigMap, the lora-sync sidecar in
-the engine pod, the NetworkPolicy rule for its port, and status.lora / AdaptersLoaded from what the
-sidecars report. (The sidecar itself against a real engine: tests/test_lorasync_live.py.)"""
+the engine pod, the NetworkPolicy rule for its port, the scrape of its /metrics, and status.lora /
+AdaptersLoaded from what the sidecars report. (The sidecar itself against a real engine:
+tests/test_lorasync_live.py.)"""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from qwen_operator.adapters import LoraObservation, observe
 from qwen_operator.api.lorafile import FILE_NAME, SIDECAR_PORT, parse
 from qwen_operator.api.review import review
 from qwen_operator.manifests import ClusterFacts, build_all
-from qwen_operator.manifests.policy import parse_operator_peer
+from qwen_operator.manifests.policy import DEFAULT_SCRAPERS, parse_operator_peer
 from qwen_operator.status import Observed, compute_status
 from support import example
 
@@ -96,6 +97,44 @@ def test_the_sidecar_port_admits_the_scrapers_and_the_operator_only() -> None:
     # The engine port is unchanged: the operator does not reach the engine itself.
     engine_rules = [r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] != SIDECAR_PORT]
     assert all(OPERATOR not in r["from"] for r in engine_rules)
+
+
+def _scrape(objects: dict[tuple[str, str], Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """{port name: Service port} of the engine Service, {port name: endpoint} of its ServiceMonitor."""
+    service = objects[("Service", "chat-a100-engine")]
+    monitor = objects[("ServiceMonitor", "chat-a100-engine")]
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    return ports, {e["port"]: e for e in monitor["spec"]["endpoints"]}
+
+
+def test_the_sidecars_metrics_are_scraped_through_the_engine_service() -> None:
+    """Service port -> the sidecar's container port, ServiceMonitor endpoint -> that Service port, with the
+    `qwendeployment` relabeling of the engine endpoint, and the NetworkPolicy admits the scrapers."""
+    objects = _objects(_body(SQL), OPERATOR)
+    ports, endpoints = _scrape(objects)
+    assert list(endpoints) == ["http", "lora-sync"]
+    containers = {
+        p["name"]: p["containerPort"] for c in _engine_pod(objects)["spec"]["containers"] for p in c["ports"]
+    }
+    for name, endpoint in endpoints.items():
+        assert containers[ports[name]["targetPort"]] == ports[name]["port"]
+        assert endpoint["path"] == "/metrics"
+        assert endpoint["relabelings"] == endpoints["http"]["relabelings"]
+        assert endpoint["interval"] == endpoints["http"]["interval"]
+    assert ports["lora-sync"]["port"] == SIDECAR_PORT
+    policy = objects[("NetworkPolicy", "chat-a100-engine")]
+    (rule,) = [
+        r for r in policy["spec"]["ingress"] if r["ports"] == [{"protocol": "TCP", "port": SIDECAR_PORT}]
+    ]
+    assert all(peer in rule["from"] for peer in DEFAULT_SCRAPERS)
+
+
+def test_an_edit_removing_spec_lora_removes_the_sidecar_scrape() -> None:
+    """Server-side apply drops what the new render leaves out: the Service port and the endpoint."""
+    ports, endpoints = _scrape(_objects(_body(SQL)))
+    assert "lora-sync" in ports and "lora-sync" in endpoints
+    ports, endpoints = _scrape(_objects(minimal_body()))
+    assert list(ports) == list(endpoints) == ["http"]
 
 
 def test_the_operator_peer_must_select_something() -> None:

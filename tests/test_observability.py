@@ -6,7 +6,7 @@ made fresh beside them from their sources (qwen_operator.recording, the chart's 
 operator's builder). Every metric name the rules and the dashboard use must exist: vLLM's from the vLLM
 0.32 package itself (its metric loggers), the router's from the vllm-router 0.1.17 extension, the
 gateway's from docs/gateway.md, kube-state-metrics' from the list below, the operator's from its own
-registry, the recorded ones from qwen_operator.recording.
+registry, the lora-sync sidecar's from its collector, the recorded ones from qwen_operator.recording.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from qwen_devtools.generate.files import (
 )
 from qwen_devtools.require import missing
 from qwen_devtools.vllm_env import vllm_venv
+from qwen_operator import lorasync, names, recording
 from qwen_operator import metrics as operator_metrics
-from qwen_operator import names, recording
 from qwen_operator.api.review import review
 from qwen_operator.manifests.monitoring import build_engine_service_monitor, build_prometheus_rule
 from support import EXAMPLES, example, load
@@ -54,12 +54,16 @@ ALERTS = {
     "QwenScalingMetricAbsent",
     "QwenQueueMetricAbsent",
     "QwenEngineRestarts",
+    "QwenLoraAdapterLoadFailed",
+    "QwenLoraSyncEngineUnreachable",
 }
+LORA_DEPLOYMENT_ALERTS = {"QwenDeploymentLoraAdapterLoadFailed", "QwenDeploymentLoraSyncEngineUnreachable"}
 DEPLOYMENT_ALERTS = {
     "QwenDeploymentNoReadyEngines",
     "QwenDeploymentQueueAtCapacity",
     "QwenDeploymentKVCacheSaturated",
     "QwenDeploymentQueueMetricAbsent",
+    *LORA_DEPLOYMENT_ALERTS,
 }
 #: Prometheus' own series (every target's `up`).
 PROMETHEUS_SERIES = {"up"}
@@ -104,13 +108,21 @@ def recording_file() -> dict[str, Any]:
     return yaml.safe_load(recording_rules_file())
 
 
-def deployment_rule(**monitoring: Any) -> dict[str, Any]:
-    """The PrometheusRule the operator renders for tests/promtool/qwen-deployment.test.yaml's CR."""
+def deployment_body(lora: bool = True) -> dict[str, Any]:
+    """tests/promtool/qwen-deployment.test.yaml's CR: llm/chat, 2 replicas, one adapter (or no spec.lora)."""
     body = example("a100-80gb-tp2-bf16")
     body["metadata"].update(name="chat", namespace="llm", uid="0b1c2d3e-0000-4000-8000-000000000001")
     body["spec"]["replicas"] = 2
-    body["spec"]["monitoring"] = {"prometheusRule": True, **monitoring}
-    return build_prometheus_rule(review(body))
+    body["spec"]["monitoring"] = {"prometheusRule": True, "serviceMonitor": True}
+    if lora:
+        hub = {"repo": "org/support-lora", "revision": "0123456789abcdef0123456789abcdef01234567"}
+        body["spec"]["lora"] = {"adapters": [{"name": "support", "source": {"huggingFace": hub}}]}
+    return body
+
+
+def deployment_rule(lora: bool = True) -> dict[str, Any]:
+    """The PrometheusRule the operator renders for tests/promtool/qwen-deployment.test.yaml's CR."""
+    return build_prometheus_rule(review(deployment_body(lora)))
 
 
 def stage_unit_test(unit_test: Path, tmp: Path) -> Path:
@@ -203,6 +215,14 @@ def operator_metric_names() -> set[str]:
     return names
 
 
+def lora_sync_metric_names() -> set[str]:
+    """Series names the lora-sync sidecar exposes, from its collector on a report with one adapter."""
+    adapter = lorasync.AdapterReport(loaded=False, error="HTTP 400: rank 64 > 16", load_failures=1)
+    report = lorasync.Report({"support": adapter}, engine_reachable=True, last_sync=1.0)
+    collector = lorasync.ReportCollector(lambda: report)
+    return {sample.name for family in collector.collect() for sample in family.samples}
+
+
 def _sample_names(name: str, kind: str) -> Iterator[str]:
     if kind == "counter":
         yield f"{name}_total"
@@ -234,6 +254,7 @@ def test_allow_list_comes_from_the_real_packages() -> None:
     assert "vllm:gpu_cache_usage_perc" not in vllm  # removed before 0.32; peers still query it
     assert {"vllm_router_requests_total", "vllm_router_worker_health"} <= router_metrics()
     assert "qwen_operator_reconciles_total" in operator_metric_names()
+    assert {"qwen_lora_adapter_loaded", "qwen_lora_adapter_load_failures_total"} <= lora_sync_metric_names()
 
 
 @pytest.mark.parametrize("source", ["rules", "dashboard"])
@@ -246,7 +267,7 @@ def test_every_metric_name_exists(source: str) -> None:
         exprs = dashboard_exprs()
     used = set().union(*(metric_names(e) for e in exprs))
     allowed = vllm_metrics() | router_metrics() | KUBE_STATE_METRICS | operator_metric_names()
-    allowed |= set(recording.RECORDED) | PROMETHEUS_SERIES
+    allowed |= set(recording.RECORDED) | PROMETHEUS_SERIES | lora_sync_metric_names()
     gateway_used = {n for n in used if n.startswith(("vllm_router_", "qwen_gateway_", "nginx"))}
     if gateway_used:
         allowed |= gateway_doc_metrics()
@@ -256,7 +277,7 @@ def test_every_metric_name_exists(source: str) -> None:
 
 def test_gateway_metrics_are_the_documented_ones() -> None:
     used = set().union(*(metric_names(e) for e in dashboard_exprs()))
-    others = set(recording.RECORDED)
+    others = set(recording.RECORDED) | lora_sync_metric_names()
     gateway_used = {n for n in used - others if not n.startswith(("vllm:", "kube_", "qwen_operator_"))}
     assert gateway_used, "the dashboard shows no gateway metric"
     undocumented = sorted(gateway_used - gateway_doc_metrics())
@@ -373,6 +394,24 @@ def test_the_engine_service_monitor_labels_series_with_the_deployment() -> None:
         names.selector(rev.resource, "engine")[recording.DEPLOYMENT_POD_LABEL] == rev.resource.metadata.name
     )
     assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"]
+
+
+def test_the_lora_alerts_come_with_spec_lora_only() -> None:
+    def alerts(rule: dict[str, Any]) -> set[str]:
+        return {r["alert"] for r in rule["spec"]["groups"][0]["rules"] if "alert" in r}
+
+    assert alerts(deployment_rule(lora=True)) == DEPLOYMENT_ALERTS
+    assert alerts(deployment_rule(lora=False)) == DEPLOYMENT_ALERTS - LORA_DEPLOYMENT_ALERTS
+
+
+def test_a_failing_adapter_fails_again_within_the_alert_window() -> None:
+    """The load-failure alerts need a new failure in every window while an adapter keeps failing: the
+    sidecar's longest backoff, one round (its --interval, 2 s) and one load attempt must fit in it."""
+    match = re.fullmatch(r"(\d+)m", recording.LORA_FAILURE_WINDOW)
+    assert match, recording.LORA_FAILURE_WINDOW
+    retry = lorasync.BACKOFF_MAX + 2.0 + sum(lorasync.TIMEOUT)
+    assert retry < int(match.group(1)) * 60
+    assert f"[{recording.LORA_FAILURE_WINDOW}]" in json.dumps(alert_rules())
 
 
 def test_alerts_are_the_documented_set_with_runbooks() -> None:
@@ -515,6 +554,53 @@ def test_dashboard_covers_what_operators_watch() -> None:
         assert needle in text, f"no panel queries {needle}"
     titles = " ".join(p["title"].lower() for p in dashboard_panels())
     assert "error" in titles and "rate-limited" in titles
+
+
+def dashboard_rows() -> dict[str, list[dict[str, Any]]]:
+    """Row title -> the panels under it."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for panel in dashboard()["panels"]:
+        if panel["type"] == "row":
+            current = rows.setdefault(panel["title"], [])
+        else:
+            current.append(panel)
+    return rows
+
+
+def test_dashboard_shows_the_lora_adapters() -> None:
+    """Where each adapter is loaded (from the sidecars, which read the engines' /v1/models), load
+    failures, vLLM's adapters in flight, and requests per model name at the gateway."""
+    panels = dashboard_rows()["LoRA adapters"]
+    exprs = {t["expr"]: p for p in panels for t in p["targets"]}
+    text = " ".join(exprs)
+    for needle in (
+        f"sum by (adapter) ({recording.LORA_ADAPTER_LOADED}{{",
+        f"count by (adapter) ({recording.LORA_ADAPTER_LOADED}{{",
+        f"max by (pod, adapter) ({recording.LORA_ADAPTER_LOADED}{{",
+        f"sum by (adapter) (increase({recording.LORA_LOAD_FAILURES}{{",
+        "group_left () max by (namespace, pod) (vllm:lora_requests_info{",
+        "sum by (model) (rate(qwen_gateway_http_response_count_total{",
+        f"min by (pod) ({recording.LORA_ENGINE_REACHABLE}{{",
+    ):
+        assert needle in text, f"no LoRA panel queries {needle}"
+    info = next(p for e, p in exprs.items() if "vllm:lora_requests_info" in e)
+    assert info["type"] == "table"
+    assert all(t["format"] == "table" and t["instant"] for t in info["targets"])
+    shown = info["transformations"][0]["options"]["include"]["names"]
+    assert {"pod", "running_lora_adapters", "max_lora"} <= set(shown)
+
+
+def test_lora_requests_info_means_what_the_dashboard_says() -> None:
+    """The dashboard shows vllm:lora_requests_info as one list of adapters with requests in the engine,
+    and its value as the time of the update. In vLLM 0.32 both labels list every adapter with a
+    request in the engine, running or waiting (one loop fills both dicts, counts included), and the
+    gauge is set to the current time. A vLLM that splits them needs another panel."""
+    stats = _vllm_loggers().with_name("stats.py").read_text()
+    loop = re.search(r"for lora_name, stats in self\.requests\.items\(\):\n((?:\s{12}.*\n)+)", stats)
+    assert loop, "vLLM's LoRARequestStates.update_scheduler_stats changed"
+    assert "waiting_lora_adapters[lora_name] = len(stats.waiting)" in loop.group(1)
+    assert "running_lora_adapters[lora_name] = len(stats.running)" in loop.group(1)
+    assert ".labels(**lora_info_labels).set_to_current_time()" in _vllm_loggers().read_text()
 
 
 def test_dashboard_is_well_formed() -> None:

@@ -16,6 +16,16 @@ VLLM_WAITING = "vllm:num_requests_waiting"
 VLLM_KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 VLLM_TTFT = "vllm:time_to_first_token_seconds"
 
+#: Series of the lora-sync sidecar beside each engine with spec.lora (lorasync.py, scraped by the engine
+#: ServiceMonitor's second endpoint): per adapter (label `adapter`), 1 when the engine's /v1/models lists
+#: it, and its failed loads; per pod, 1 when the sidecar's last round reached the engine.
+LORA_ADAPTER_LOADED = "qwen_lora_adapter_loaded"
+LORA_LOAD_FAILURES = "qwen_lora_adapter_load_failures_total"
+LORA_ENGINE_REACHABLE = "qwen_lora_sync_engine_reachable"
+#: The window over which new load failures count: the sidecar retries a failing adapter within 5 minutes
+#: (lorasync.BACKOFF_MAX) plus one load attempt, so one that keeps failing fails again in every window.
+LORA_FAILURE_WINDOW = "10m"
+
 #: The label naming the QwenDeployment on engine series, and the pod label it is copied from.
 DEPLOYMENT_LABEL = "qwendeployment"
 DEPLOYMENT_POD_LABEL = "app.kubernetes.io/instance"

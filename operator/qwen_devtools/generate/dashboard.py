@@ -4,8 +4,9 @@ Queue depth, KV cache usage and TTFT p99 (and the variables) read the recorded s
 qwen_operator.recording, as the alerts, prometheus-adapter and KEDA do, so a vLLM metric rename is fixed
 there; they need the recording rules (the chart's prometheusRule) and select by `qwendeployment`. The
 other queries select engine pods by name (<QwenDeployment>-engine-<hash>-<hash>) and gateway pods
-likewise, so they work with any scrape config that keeps `namespace` and `pod`. Replica counts come
-from kube-state-metrics.
+likewise, so they work with any scrape config that keeps `namespace` and `pod`; so do the LoRA panels,
+which read the lora-sync sidecars in the engine pods (the adapters each engine's /v1/models lists) and
+vLLM's `vllm:lora_requests_info`. Replica counts come from kube-state-metrics.
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 @dataclass
 class Panel:
-    """One panel: a title, its queries as (PromQL, legend) pairs, a unit and a kind."""
+    """One panel: a title, its queries as (PromQL, legend) pairs, a unit and a kind.
+
+    A table shows the queries' current values (instant queries) with their labels as columns, which is
+    how series whose information is in their labels (`vllm:lora_requests_info`) can be read at all;
+    `transformations` shape those columns.
+    """
 
     title: str
     queries: list[tuple[str, str]]
@@ -34,6 +40,8 @@ class Panel:
     kind: str = "timeseries"
     description: str = ""
     options: dict[str, Any] = field(default_factory=dict)
+    transformations: list[dict[str, Any]] = field(default_factory=list)
+    mappings: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _quantiles(
@@ -53,6 +61,7 @@ def _rows() -> list[tuple[str, list[Panel]]]:
         ("Latency", _latency()),
         ("Throughput", _throughput()),
         ("Gateway", _gateway()),
+        ("LoRA adapters", _lora()),
         ("Replicas and restarts", _replicas()),
         ("Operator", _operator()),
     ]
@@ -200,6 +209,114 @@ def _gateway() -> list[Panel]:
     ]
 
 
+def _columns(names: dict[str, str]) -> list[dict[str, Any]]:
+    """Table transformations keeping only these columns (label or field name -> header), in order."""
+    return [
+        {"id": "filterFieldsByName", "options": {"include": {"names": list(names)}}},
+        {
+            "id": "organize",
+            "options": {"renameByName": names, "indexByName": {n: i for i, n in enumerate(names)}},
+        },
+    ]
+
+
+def _lora() -> list[Panel]:
+    """Which adapters each engine has loaded (its lora-sync sidecar reads the engine's /v1/models), load
+    failures, what vLLM says about adapters in its batches, and requests per model name at the gateway."""
+    loaded = f"{recording.LORA_ADAPTER_LOADED}{{{ENGINE}}}"
+    # vLLM sets the gauge to the time of its update, in a series per label set, and never drops an old
+    # label set: each pod's newest series is the current one.
+    info = f"vllm:lora_requests_info{{{ENGINE}}}"
+    current = f"{info} == on (namespace, pod) group_left () max by (namespace, pod) ({info})"
+    responses = "qwen_gateway_http_response_count_total"
+    return [
+        Panel(
+            "Adapters: engine pods with each loaded",
+            [
+                (f"sum by (adapter) ({loaded})", "loaded"),
+                (f"count by (adapter) ({loaded})", "pods"),
+            ],
+            kind="table",
+            description="Per adapter, on how many engine pods the engine lists it in /v1/models, of the "
+            "engine pods whose lora-sync sidecar reports it (every pod with the adapter in its desired "
+            "list). Fewer: see the AdaptersLoaded condition (`kubectl describe qwd`).",
+            transformations=[
+                {"id": "merge", "options": {}},
+                *_columns({"adapter": "adapter", "Value #A": "loaded on", "Value #B": "engine pods"}),
+            ],
+        ),
+        Panel(
+            "Adapters loaded per engine pod",
+            [(f"max by (pod, adapter) ({loaded})", "")],
+            kind="table",
+            description="Rows: engine pods; columns: adapters; from each pod's lora-sync sidecar, which "
+            "reads what the engine lists in /v1/models.",
+            transformations=[
+                {
+                    "id": "groupingToMatrix",
+                    "options": {"rowField": "pod", "columnField": "adapter", "valueField": "Value"},
+                }
+            ],
+            mappings=[
+                {
+                    "type": "value",
+                    "options": {
+                        "0": {"text": "not loaded", "color": "red", "index": 0},
+                        "1": {"text": "loaded", "color": "green", "index": 1},
+                    },
+                }
+            ],
+        ),
+        Panel(
+            f"Adapter load failures by adapter (per {recording.LORA_FAILURE_WINDOW})",
+            [
+                (
+                    f"sum by (adapter) (increase({recording.LORA_LOAD_FAILURES}{{{ENGINE}}}"
+                    f"[{recording.LORA_FAILURE_WINDOW}]))",
+                    "{{adapter}}",
+                )
+            ],
+            description="Failed loads and Hub downloads, over all engine pods; retried with backoff up to "
+            "5 minutes. QwenLoraAdapterLoadFailed fires when they continue while the adapter is missing "
+            "from a pod.",
+        ),
+        Panel(
+            "Adapters with requests in each engine (vllm:lora_requests_info)",
+            [(f"time() - ({current})", "")],
+            kind="table",
+            unit="s",
+            description="vLLM 0.32 exports no request count per adapter, only which adapters have "
+            "requests in the engine: it puts every adapter with a request in the engine, running or "
+            "waiting, into both labels running_lora_adapters and waiting_lora_adapters (comma-joined), "
+            "so they are the same list, shown once. Empty: no adapter request in flight at the last "
+            "update; the age is the time since that update (vLLM updates it on engine steps only). "
+            "Per-adapter request rates: the gateway panel beside this one.",
+            transformations=_columns(
+                {
+                    "pod": "engine pod",
+                    "running_lora_adapters": "adapters with requests (running or waiting)",
+                    "max_lora": "maxLoras",
+                    "Value": "updated (ago)",
+                }
+            ),
+        ),
+        Panel(
+            "Gateway requests/s by model",
+            [(f"sum by (model) (rate({responses}{{{GATEWAY}}}[{RATE}]))", "{{model}}")],
+            unit="reqps",
+            description="The model a request names: the base model's served name, an adapter's name, or "
+            "other (any other name, so the label stays bounded). From the gateway's access log.",
+        ),
+        Panel(
+            "lora-sync reaches its engine, per engine pod",
+            [(f"min by (pod) ({recording.LORA_ENGINE_REACHABLE}{{{ENGINE}}})", "{{pod}}")],
+            description="0: the sidecar's last round could not list the engine's models, so it loads and "
+            "unloads nothing (normal while the engine starts; QwenLoraSyncEngineUnreachable fires when "
+            "it lasts while the engine is scraped).",
+        ),
+    ]
+
+
 def _replicas() -> list[Panel]:
     return [
         Panel(
@@ -253,17 +370,28 @@ def _operator() -> list[Panel]:
     ]
 
 
+_GRAPH_OPTIONS = {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}}
+_KIND_OPTIONS: dict[str, dict[str, Any]] = {
+    "stat": {
+        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        "colorMode": "value",
+    },
+    "table": {"showHeader": True, "cellHeight": "sm"},
+}
+
+
 def _panel_json(panel: Panel, panel_id: int, grid: dict[str, int]) -> dict[str, Any]:
-    targets = [
+    targets: list[dict[str, Any]] = [
         {"refId": chr(ord("A") + i), "expr": expr, "legendFormat": legend, "datasource": DATASOURCE}
         for i, (expr, legend) in enumerate(panel.queries)
     ]
-    options: dict[str, Any] = (
-        {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}, "colorMode": "value"}
-        if panel.kind == "stat"
-        else {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}}
-    )
-    return {
+    if panel.kind == "table":
+        targets = [t | {"format": "table", "instant": True} for t in targets]
+    options = _KIND_OPTIONS.get(panel.kind, _GRAPH_OPTIONS)
+    defaults: dict[str, Any] = {"unit": panel.unit}
+    if panel.mappings:
+        defaults["mappings"] = panel.mappings
+    body: dict[str, Any] = {
         "id": panel_id,
         "type": panel.kind,
         "title": panel.title,
@@ -271,9 +399,12 @@ def _panel_json(panel: Panel, panel_id: int, grid: dict[str, int]) -> dict[str, 
         "datasource": DATASOURCE,
         "gridPos": grid,
         "targets": targets,
-        "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+        "fieldConfig": {"defaults": defaults, "overrides": []},
         "options": options | panel.options,
     }
+    if panel.transformations:
+        body["transformations"] = panel.transformations
+    return body
 
 
 def _layout() -> list[dict[str, Any]]:
@@ -333,7 +464,7 @@ def dashboard() -> dict[str, Any]:
         "uid": "qwen-serving",
         "title": "Qwen serving",
         "description": "Qwen3-32B on vLLM, per QwenDeployment: queue, KV cache, latency, throughput, "
-        "gateway and replicas. Shipped by the qwen-operator chart (dashboards.enabled).",
+        "gateway, LoRA adapters and replicas. Shipped by the qwen-operator chart (dashboards.enabled).",
         "tags": ["qwen", "vllm", "llm", "qwen-operator"],
         "editable": True,
         "graphTooltip": 1,

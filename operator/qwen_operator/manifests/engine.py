@@ -9,11 +9,13 @@ from .. import names
 from ..api.catalog import DEFAULT_ENGINE_IMAGE
 from ..api.drains import ENGINE_PRESTOP_SECONDS
 from ..api.engine import ENGINE_COMMAND, ENGINE_PORT, engine_args
+from ..api.lorafile import SIDECAR_PORT
 from ..api.pool import NodePool
 from ..api.quantity import canonical
 from ..api.review import Review
 from ..api.rollout import ROLLOUT_ANNOTATION, Rollout
 from ..api.spec import quantity_bytes
+from .lora import PORT_NAME as LORA_PORT
 from .lora import lora_sidecar, lora_volume
 from .meta import metadata
 
@@ -204,15 +206,15 @@ def hands_replicas_over(desired: dict[str, Any], live: dict[str, Any] | None) ->
 
 
 def build_engine_service(review: Review) -> dict[str, Any]:
-    """Headless Service: per-pod DNS for discovery, and the scrape target for engine metrics."""
+    """Headless Service: per-pod DNS for discovery, and the scrape target for engine metrics and, with
+    spec.lora, for the lora-sync sidecars' (a ServiceMonitor endpoint names a port of the Service)."""
     qd = review.resource
+    ports = [{"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}]
+    if qd.spec.lora:
+        ports.append({"name": LORA_PORT, "port": SIDECAR_PORT, "targetPort": LORA_PORT, "protocol": "TCP"})
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": metadata(qd, names.engine(qd), "engine"),
-        "spec": {
-            "clusterIP": "None",
-            "selector": names.selector(qd, "engine"),
-            "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}],
-        },
+        "spec": {"clusterIP": "None", "selector": names.selector(qd, "engine"), "ports": ports},
     }

@@ -7,6 +7,7 @@ from typing import Any
 
 from .. import names, recording
 from ..api.review import Review
+from .lora import PORT_NAME as LORA_PORT
 from .meta import metadata
 
 
@@ -17,7 +18,10 @@ def _meta(review: Review, name: str, component: str) -> dict[str, Any]:
 
 
 def build_engine_service_monitor(review: Review) -> dict[str, Any]:
+    """The engines' /metrics and, with spec.lora, their lora-sync sidecars' (the adapters each engine has
+    loaded, and its failed loads): both through the engine Service, both labelled `qwendeployment`."""
     qd = review.resource
+    ports = ["http", LORA_PORT] if qd.spec.lora else ["http"]
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
@@ -27,11 +31,12 @@ def build_engine_service_monitor(review: Review) -> dict[str, Any]:
             "namespaceSelector": {"matchNames": [qd.metadata.namespace]},
             "endpoints": [
                 {
-                    "port": "http",
+                    "port": port,
                     "path": "/metrics",
                     "interval": qd.spec.monitoring.interval,
                     "relabelings": [_deployment_relabeling()],
                 }
+                for port in ports
             ],
         },
     }
@@ -68,11 +73,12 @@ def build_prometheus_rule(review: Review) -> dict[str, Any]:
 
     One group: Prometheus evaluates its rules in order, so the alerts read this evaluation's recorded
     series. The engine targets are selected by their Service, not by `qwendeployment`, so a missing
-    relabeling shows up as QwenDeploymentQueueMetricAbsent instead of silence.
+    relabeling shows up as QwenDeploymentQueueMetricAbsent instead of silence; the Service's lora-sync
+    targets are left out of `up`, or a pod whose sidecar answers would count as an engine up.
     """
     qd = review.resource
     ns, name, svc = qd.metadata.namespace, qd.metadata.name, names.engine(qd)
-    up = f'up{{namespace="{ns}",service="{svc}"}}'
+    up = f'up{{namespace="{ns}",service="{svc}",endpoint!="{LORA_PORT}"}}'
     scope = recording.scope(ns, name)
     labels = {recording.DEPLOYMENT_LABEL: name}
     max_replicas = qd.spec.autoscaling.max_replicas if qd.spec.autoscaling else qd.spec.effective_replicas
@@ -111,6 +117,8 @@ def build_prometheus_rule(review: Review) -> dict[str, Any]:
             },
         },
     ]
+    if qd.spec.lora:
+        alerts += _lora_alerts(ns, name)
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -119,3 +127,51 @@ def build_prometheus_rule(review: Review) -> dict[str, Any]:
             "groups": [{"name": f"qwen-{ns}-{name}", "rules": recording.recording_rules(ns, name) + alerts}]
         },
     }
+
+
+def _lora_alerts(ns: str, name: str) -> list[dict[str, Any]]:
+    """The alerts on the lora-sync sidecars' series, which exist only with spec.lora.
+
+    A failed load alone is not enough (the sidecar retries, and a file copied into the cache meanwhile
+    makes the next try succeed): the adapter must also still be missing from that pod's engine. The
+    unreachable alert requires the engine to be scraped meanwhile, so an engine still loading its weights,
+    which answers neither, does not fire it; an engine that serves but refuses its own sidecar (another
+    API key) would leave every adapter unloaded without a single failed load.
+    """
+    scope = recording.scope(ns, name)
+    pod = "{{ $labels.pod }}"
+    adapter = "{{ $labels.adapter }}"
+    describe = f"`kubectl describe qwd -n {ns} {name}`"
+    failures = f"increase({recording.LORA_LOAD_FAILURES}{{{scope}}}[{recording.LORA_FAILURE_WINDOW}])"
+    labels = {recording.DEPLOYMENT_LABEL: name}
+    return [
+        {
+            "alert": "QwenDeploymentLoraAdapterLoadFailed",
+            "expr": f"max by (namespace, pod, adapter) ({failures}) > 0"
+            f" and on (namespace, pod, adapter) {recording.LORA_ADAPTER_LOADED}{{{scope}}} == 0",
+            "for": "5m",
+            "labels": {**labels, "severity": "warning"},
+            "annotations": {
+                "summary": f"{ns}/{name}: LoRA adapter {adapter} fails to load on {pod}",
+                "description": f"The lora-sync sidecar of {pod} failed to load adapter {adapter} in the "
+                f"last {recording.LORA_FAILURE_WINDOW} and its engine does not list it, so requests for "
+                f"{adapter} that reach {pod} fail. {describe}: the AdaptersLoaded condition and "
+                "status.lora name the engine's error (bad source, rank above maxLoraRank, download "
+                "error).",
+            },
+        },
+        {
+            "alert": "QwenDeploymentLoraSyncEngineUnreachable",
+            "expr": f"max by (namespace, pod) ({recording.LORA_ENGINE_REACHABLE}{{{scope}}}) == 0"
+            f" and on (namespace, pod) {recording.ENGINE_QUEUE_DEPTH}{{{scope}}}",
+            "for": "10m",
+            "labels": {**labels, "severity": "warning"},
+            "annotations": {
+                "summary": f"{ns}/{name}: the lora-sync sidecar of {pod} cannot reach its serving engine",
+                "description": f"For 10 minutes the lora-sync sidecar of {pod} could not list its "
+                "engine's models while Prometheus scraped the engine: no adapter is loaded or unloaded "
+                f"there. `kubectl logs -n {ns} {pod} -c lora-sync` has the error (HTTP 401: its "
+                f"VLLM_API_KEY is not the engine's); {describe} shows AdaptersLoaded.",
+            },
+        },
+    ]

@@ -178,10 +178,24 @@ def test_a_limited_keys_body_above_the_buffer_is_refused_not_guessed(stack: Stac
     assert unlimited.status_code == 400 and "context length" in unlimited.text, unlimited.text
 
 
-def test_every_key_lists_the_models_and_chats_are_checked_too(stack: Stack) -> None:
-    auth = {"Authorization": f"Bearer {KEYS['sql-team']}"}
-    listed = HTTP.get(f"{stack.gateway.url}/v1/models", headers=auth, timeout=10)
-    assert listed.status_code == 200, listed.text
+@pytest.mark.parametrize(
+    ("key", "listed"),
+    [
+        ("sql-team", {"lora-sql"}),
+        ("base-team", {SERVED_MODEL, "lora-chat"}),
+        ("admin", {SERVED_MODEL, *ADAPTERS}),
+    ],
+)
+def test_models_lists_what_the_key_may_use(stack: Stack, key: str, listed: set[str]) -> None:
+    answer = HTTP.get(f"{stack.gateway.url}/v1/models", headers={"Authorization": f"Bearer {KEYS[key]}"})
+    assert answer.status_code == 200, answer.text
+    cards = answer.json()["data"]
+    assert {card["id"] for card in cards} == listed
+    # the engine's own cards, unchanged but for the ones left out
+    assert all(card["object"] == "model" and "max_model_len" in card for card in cards), cards
+
+
+def test_chats_are_checked_like_completions(stack: Stack) -> None:
     chat = {"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 2}
     assert stack.send("sql-team", chat | {"model": "lora-sql"}, "/v1/chat/completions").status_code == 200
     assert stack.send("sql-team", chat | {"model": "lora-chat"}, "/v1/chat/completions").status_code == 403

@@ -41,7 +41,7 @@ class GatewayConfig:
             LOG_EXPORTER_CONF: log_exporter_config(wiring),
         }
         if review.resource.spec.gateway.model_access:
-            files[MODEL_ACCESS_JS] = model_access_script()
+            files[MODEL_ACCESS_JS] = model_access_script(review, wiring, limits)
         return GatewayConfig(
             wiring=wiring,
             limits=limits,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.resources
+import json
 import re
 from functools import cache
 from typing import Any
@@ -112,6 +112,7 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
         "served_model": map_key(qd.spec.served_model_name),
         "model_labels": [(map_key(m), model_label(m)) for m in qd.spec.model_names],
         "access_groups": _access_values(review),
+        "access_models_json": json.dumps({g.id: g.models for g in access_groups(qd.spec)}, sort_keys=True),
         "unread_body": UNREAD_BODY,
         "njs_module": NJS_MODULE,
         "worker_processes": NGINX_WORKERS,
@@ -159,7 +160,6 @@ def run_nginx_script(review: Review, wiring: Wiring = POD, limits: Limits | None
     return _render("run-nginx.sh.j2", review, wiring, limits)
 
 
-def model_access_script() -> str:
-    """njs module that reads a limited API key's requested model (nginx.conf's $access_model)."""
-    templates = importlib.resources.files("qwen_operator.gateway") / "templates"
-    return (templates / "model-access.js").read_text()
+def model_access_script(review: Review, wiring: Wiring = POD, limits: Limits | None = None) -> str:
+    """njs module of nginx.conf: a limited API key's requested model, and its /v1/models list."""
+    return _render("model-access.js.j2", review, wiring, limits)

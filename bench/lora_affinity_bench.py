@@ -25,7 +25,7 @@ import json
 import re
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +61,11 @@ def _auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {API_KEY}"}
 
 
-def _cr() -> dict[str, Any]:
+def _cr(policy: str = "consistent_hash") -> dict[str, Any]:
     """Two replicas with LoRA slots for two adapters of rank 8, all four held in host memory; admission
     limits far above the load."""
     gateway = {
+        "policy": policy,
         "apiKeysSecret": "bench-keys",
         "replicas": 1,
         "rateLimit": {"requestsPerMinute": 1_000_000, "burst": 100_000},
@@ -95,7 +96,15 @@ def _spread(name: str, text: str) -> str:
     return new
 
 
-VARIANTS = {"affinity": None, "spread": _spread}
+#: (file name, text) -> text: one change of the rendered gateway.
+Edit = Callable[[str, str], str]
+#: name -> (routing policy, edit of the rendered gateway)
+VARIANTS: dict[str, tuple[str, Edit | None]] = {
+    "affinity": ("consistent_hash", None),
+    "affinity, sticky_least_loaded": ("sticky_least_loaded", None),
+    "spread": ("consistent_hash", _spread),
+}
+AFFINITY = [name for name, (_, edit) in VARIANTS.items() if edit is None]
 
 
 def _engines(rev: Review, model: Path, adapters: Path, logs: Path) -> list[Proc]:
@@ -124,16 +133,16 @@ def _body(allowed_tokens: list[int]) -> Body:
 
 
 @contextlib.contextmanager
-def _gateways(rev: Review, urls: list[str]) -> Iterator[dict[str, GatewayStack]]:
+def _gateways(urls: list[str]) -> Iterator[dict[str, GatewayStack]]:
     with contextlib.ExitStack() as stack:
         yield {
-            name: stack.enter_context(start_gateway(rev, urls, {"bench": API_KEY}, edit=edit))
-            for name, edit in VARIANTS.items()
+            name: stack.enter_context(start_gateway(review(_cr(policy)), urls, {"bench": API_KEY}, edit=edit))
+            for name, (policy, edit) in VARIANTS.items()
         }
 
 
 def _placement(gateway: GatewayStack, urls: list[str]) -> dict[str, int]:
-    """Which engine the affinity gateway sends each adapter to: one request each, and the engine whose
+    """Which engine a gateway with affinity sends each adapter to: one request each, and the engine whose
     request counter moved."""
     placement = {}
     for adapter in ADAPTERS:
@@ -160,7 +169,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             wait_ready(engine, "/health", ENGINE_START_SECONDS)
         urls = [e.url for e in engines]
         body = _body(sorted(set(await token_ids(urls[0], SERVED_MODEL, WORDS))))
-        with _gateways(rev, urls) as stacks:
+        with _gateways(urls) as stacks:
             targets = {n: _round_robin([s.url], _auth) for n, s in stacks.items()}
             names = list(targets)
             measures = [ttft_ms(50, "streamed TTFT"), ttft_ms(90, "streamed TTFT"), THROUGHPUT]
@@ -175,7 +184,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         run = await closed_loop(targets[name], body, streams, args.seconds, ramp=args.ramp)
                         comparisons[streams].record(name, run)
 
-            placement = _placement(stacks["affinity"], urls)
+            placement = {name: _placement(stacks[name], urls) for name in AFFINITY}
             for name in names:
                 await closed_loop(targets[name], body, 4, 2.0)  # every adapter used once on every engine
             why = await repeat_rounds(
@@ -185,11 +194,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         f"2 vLLM CPU engines (bench model h256 l4), --max-loras {MAX_LORAS} --max-lora-rank 8 "
         f"--max-cpu-loras {len(ADAPTERS)}, {len(ADAPTERS)} random rank-8 adapters in turn, "
         f"{GENERATED_TOKENS} tokens per answer",
-        "affinity: the gateway as rendered (an adapter's requests hashed on its name); spread: the same "
-        "gateway without that rule",
+        "affinity: the gateway as rendered (an adapter's requests hashed on its name; the default policy "
+        "consistent_hash, or sticky_least_loaded: a new adapter to the engine holding the fewest); spread: "
+        "the same gateway without the adapter rule",
         why,
-        "with affinity, each adapter's engine (from the engines' own request counters): "
-        + ", ".join(f"{a} -> engine {e}" for a, e in placement.items()),
+        *(
+            f"{name}: each adapter's engine (from the engines' own request counters): "
+            + ", ".join(f"{a} -> engine {e}" for a, e in placement[name].items())
+            for name in AFFINITY
+        ),
     ]
     for comparison in comparisons.values():
         comparison.print()

@@ -75,8 +75,8 @@ SETUPS: dict[str, Setup] = {
         8192,
         8192,
         1024,
-        accounting="KV inferred from the sleep-mode 'discarded' figure, not logged; 0.26 assumed to run "
-        "Model Runner V2 without a graph estimate as 0.24 and 0.27.1 do (0.26 not checked)",
+        accounting="KV inferred from the sleep-mode 'discarded' figure, not logged; 0.26 runs Model Runner "
+        "V2 (its loading line is V2's), assumed without a graph estimate as in 0.24 and 0.27.1",
         cuda_graphs_outside_budget=True,
     ),
     "LMCACHE-FAQ-TP2-H100": Setup(

@@ -2,15 +2,15 @@
 the project's shared data file with the quoted log lines).
 
 Every point the catalog can express is planned with its own GPU memory (a Custom GPU of the logged or
-stated total), utilization, TP/PP and limits; the table printed (pytest -s) shows planned against logged
-KV GiB per GPU and KV tokens per replica. "Comparable" points (V1 engine, vLLM 0.19 or newer, KV logged,
-GPU memory known) must be within -10%..+3% of the log (above it, the plan promises requests vLLM then
-refuses), or, where the point's own figures contradict vLLM's source, the test checks that
-contradiction instead (CONTRADICTIONS says which and why; nothing is fitted to them). Older points
-stay in the table with what their version's accounting does differently; the "adjusted" column adds
-back the terms that version did not take out of the budget, so the rest of the model can still be
-judged on them. Expected figures are the logs' own; nothing here is computed by running the planner
-ahead of time.
+stated total), utilization, TP/PP and limits, then put in that version's accounting: the terms the
+logged version charged differently from vLLM 0.32, each from that version's source (Setup.accounting
+says which; the plan itself is 0.32's). The table printed (pytest -s) shows the 0.32 plan, the plan in
+the point's accounting, and the logged KV GiB per GPU and KV tokens per replica. "Comparable" points
+(V1 engine, vLLM 0.19 or newer, KV logged, GPU memory known) must be within -10%..+3% of the log in
+their version's accounting (above it, the plan promises requests vLLM then refuses); a refusal must be
+refused. A comparable point the source-derived terms cannot reach fails that rule as an expected
+failure, with the term that is missing (UNEXPLAINED); nothing is fitted to it. Expected figures are
+the logs' own; nothing here is computed by running the planner ahead of time.
 """
 
 from __future__ import annotations
@@ -22,19 +22,29 @@ from typing import Any
 
 import pytest
 
-from qwen_operator.api.catalog import GIB
-from qwen_operator.api.plan import CUDA_GRAPH_BYTES, SAMPLER_BYTES_PER_LOGIT, Plan, make_plan
+from qwen_operator.api.catalog import GIB, MODELS
+from qwen_operator.api.plan import CUBLAS_WORKSPACE_BYTES, NON_TORCH_BYTES, Plan, kv_tokens, make_plan
 from qwen_operator.api.spec import parse
 from support import REPO
 
 DATA = json.loads((REPO / "tools" / "measure" / "vllm-kv-datapoints.json").read_text())
 POINTS = {p["id"]: p for p in DATA["points"]}
 VOCAB = 151_936
-#: The sort-based top-k/top-p sampler of older vLLM (before the Triton kernel): measured 38.09 bytes
-#: per row per vocabulary entry instead of 14.07 (tools/measure/activation_peak.out.txt).
+HIDDEN = 5_120
+#: The V1 model runner's dummy sampler pass (two passes: float32 copy, probabilities, exponential
+#: noise), measured 14.07 bytes per row per vocabulary entry; its sort-based top-k/top-p fallback of
+#: older versions 38.09 (tools/measure/activation_peak.out.txt).
+V1_SAMPLER_BYTES_PER_LOGIT = 14.07
 SORT_SAMPLER_BYTES_PER_LOGIT = 38.09
 #: The rule on comparable points: planned KV per GPU within this band around the logged one.
 BELOW, ABOVE = -0.10, 0.03
+#: Model Runner V2 in vLLM 0.24 and 0.27.1 (v1/worker/gpu/model_runner.py profile_cudagraph_memory,
+#: lines 684-686 and 749-751) returns 0: CUDA graphs are captured after the KV cache, outside the budget.
+V2_WITHOUT_GRAPH_ESTIMATE = (
+    "Model Runner V2 (Qwen3ForCausalLM is a default V2 architecture, config/vllm.py); its "
+    "profile_cudagraph_memory returns 0 (v1/worker/gpu/model_runner.py:{line}): CUDA graphs outside "
+    "the budget"
+)
 
 
 @dataclass(frozen=True)
@@ -53,8 +63,9 @@ class Setup:
     chunked_prefill: bool = True
     assumed: str = ""  # what the table must say was assumed
     accounting: str = ""  # what that version does differently from vLLM 0.32
-    cuda_graphs_outside_budget: bool = False  # vLLM before 0.21
-    sort_sampler: bool = False  # vLLM before the Triton top-k/top-p kernel
+    cuda_graphs_outside_budget: bool = False  # V1 runner before 0.21, Model Runner V2 before 0.32
+    v1_runner: bool = False  # the V1 model runner: its sampler pass, no V2 sampler state
+    sort_sampler: bool = False  # vLLM before the Triton top-k/top-p kernel (V1 runner)
 
 
 SETUPS: dict[str, Setup] = {
@@ -64,8 +75,9 @@ SETUPS: dict[str, Setup] = {
         8192,
         8192,
         1024,
-        accounting="KV inferred from the sleep-mode 'discarded' figure, not logged; the point's own "
-        "figures do not close (weights + KV + graphs 71.41 > 71.27 GiB budget)",
+        accounting="KV inferred from the sleep-mode 'discarded' figure, not logged; 0.26 runs Model Runner "
+        "V2 (its loading line is V2's), assumed without a graph estimate as in 0.24 and 0.27.1",
+        cuda_graphs_outside_budget=True,
     ),
     "LMCACHE-FAQ-TP2-H100": Setup(
         "Qwen/Qwen3-32B",
@@ -75,8 +87,9 @@ SETUPS: dict[str, Setup] = {
         1024,
         utilization=0.9,
         assumed="utilization 0.9, version ~0.10/0.11",
-        accounting="~0.11: CUDA graphs outside the budget; sort-based sampler over 1024 rows",
+        accounting="~0.11: V1 runner, CUDA graphs outside the budget; sort-based sampler over 1024 rows",
         cuda_graphs_outside_budget=True,
+        v1_runner=True,
         sort_sampler=True,
     ),
     "VLLM-15815": Setup(
@@ -89,6 +102,7 @@ SETUPS: dict[str, Setup] = {
         accounting="V0 0.7.1: own profile (logged activation 1.26 GiB, non-torch 0.30 GiB), graphs "
         "outside the budget; Qwen2.5-32B weights 30.71 GiB/GPU vs 30.51",
         cuda_graphs_outside_budget=True,
+        v1_runner=True,
     ),
     "RAGPI-AWQ-TP2-5090": Setup(
         "Qwen/Qwen3-32B-AWQ",
@@ -97,8 +111,9 @@ SETUPS: dict[str, Setup] = {
         2048,
         256,
         assumed="GPU total 31.84 GiB is the nominal 32,607 MiB (CUDA may report ~0.5 GiB less)",
-        accounting="0.11: CUDA graphs outside the budget; sampler over 256 rows",
+        accounting="0.11: V1 runner, CUDA graphs outside the budget; sampler over 256 rows",
         cuda_graphs_outside_budget=True,
+        v1_runner=True,
     ),
     "NIMBUS-TP1-v019": Setup(
         "Qwen/Qwen3-32B",
@@ -107,8 +122,10 @@ SETUPS: dict[str, Setup] = {
         8192,
         128,
         assumed="GPU total 95.01 GiB (RTX PRO 6000, not named in the source)",
-        accounting="0.19: CUDA graphs outside the budget (estimated inside since 0.21)",
+        accounting="0.19: V1 runner (envs.py:1605, VLLM_USE_V2_MODEL_RUNNER=0), graph estimate off "
+        "(envs.py:1654, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0): CUDA graphs outside the budget",
         cuda_graphs_outside_budget=True,
+        v1_runner=True,
     ),
     "ASCEND-1249-TP4": Setup(
         "Qwen/Qwen3-32B",
@@ -118,6 +135,7 @@ SETUPS: dict[str, Setup] = {
         256,
         accounting="not CUDA (Ascend 910B4, vllm-ascend 0.9): ~2.7 GB held at idle, own graph capture",
         cuda_graphs_outside_budget=True,
+        v1_runner=True,
     ),
     "PPU-R1D-TP2": Setup(
         "Qwen/Qwen3-32B",
@@ -127,6 +145,7 @@ SETUPS: dict[str, Setup] = {
         256,
         accounting="not NVIDIA (T-Head PPU), V0 profile (logged activation 1.41, non-torch 0.74 GiB)",
         cuda_graphs_outside_budget=True,
+        v1_runner=True,
     ),
     "H100NVL-TABLE": Setup(
         "Qwen/Qwen3-32B",
@@ -135,8 +154,58 @@ SETUPS: dict[str, Setup] = {
         4096,
         1024,
         utilization=0.9,
-        assumed="utilization 0.9, GPU total the catalog's 93.00 GiB; version not stated",
+        assumed="utilization 0.9, GPU total the catalog's 93.00 GiB; version not stated (0.32's accounting)",
         accounting="version unknown: graphs inside or outside the budget",
+    ),
+    # vLLM 0.27.1 on RTX PRO 6000 Blackwell (95.01 GiB, >= 70 GiB and not A100: 8192 batched tokens and
+    # 1024 sequences by default, engine/arg_utils.py get_batch_defaults).
+    **{
+        pid: Setup(
+            "Qwen/Qwen3-32B",
+            "12.0",
+            32768,
+            8192,
+            1024,
+            accounting="0.27.1: " + V2_WITHOUT_GRAPH_ESTIMATE.format(line="749-751"),
+            cuda_graphs_outside_budget=True,
+        )
+        for pid in ("BLOG-TP2-PRO6000", "BLOG-PP2-PRO6000")
+    },
+    "BLOG-TP1-PRO6000-REFUSED": Setup(
+        "Qwen/Qwen3-32B",
+        "12.0",
+        32768,
+        8192,
+        1024,
+        accounting="0.27.1: " + V2_WITHOUT_GRAPH_ESTIMATE.format(line="749-751") + "; vLLM refused to "
+        "start: planned is the budget before clamping (the plan refuses too)",
+        cuda_graphs_outside_budget=True,
+    ),
+    **{
+        pid: Setup(
+            "Qwen/Qwen3-32B",
+            "9.0",
+            16000,
+            8192,
+            1024,
+            accounting="0.11: V1 runner, CUDA graphs outside the budget; sort-based sampler over 1024 rows "
+            "(the logged activation, 5.64 GiB at TP 1 and 2, is that sampler: 5.52 GiB measured + hidden "
+            "states)",
+            cuda_graphs_outside_budget=True,
+            v1_runner=True,
+            sort_sampler=True,
+        )
+        for pid in ("LLMD-0.11-TP1-H100", "LLMD-0.11-TP2-H100")
+    },
+    "KR-TP2-PRO6000-V024": Setup(
+        "Qwen/Qwen3-32B",
+        "12.0",
+        32768,
+        8192,
+        1024,
+        assumed="GPU total 95.01 GiB (the RTX PRO 6000 Blackwell of the BLOG points; not logged)",
+        accounting="0.24.0: " + V2_WITHOUT_GRAPH_ESTIMATE.format(line="684-686"),
+        cuda_graphs_outside_budget=True,
     ),
 }
 
@@ -153,51 +222,13 @@ NOT_EXPRESSIBLE = {
     "2080TI-AWQ-TP4": "utilization 0.99 (above the CRD's 0.98) and maxModelLen 212,992 (YaRN 6.5)",
 }
 
-SETUPS.update(
-    {
-        # vLLM 0.27.1 on RTX PRO 6000 Blackwell (95.01 GiB, >= 70 GiB and not A100: 8192 batched tokens
-        # and 1024 sequences by default, engine/arg_utils.py get_batch_defaults).
-        pid: Setup("Qwen/Qwen3-32B", "12.0", 32768, 8192, 1024)
-        for pid in ("BLOG-TP2-PRO6000", "BLOG-PP2-PRO6000")
-    }
-)
-SETUPS["BLOG-TP1-PRO6000-REFUSED"] = Setup(
-    "Qwen/Qwen3-32B",
-    "12.0",
-    32768,
-    8192,
-    1024,
-    accounting="vLLM refused to start; planned is the plan's budget before clamping (it refuses too)",
-)
-SETUPS.update(
-    {
-        pid: Setup(
-            "Qwen/Qwen3-32B",
-            "9.0",
-            16000,
-            8192,
-            1024,
-            accounting="0.11: CUDA graphs outside the budget; sort-based sampler over 1024 rows (the logged "
-            "activation, 5.64 GiB at TP 1 and 2, is that sampler: 5.52 GiB measured + hidden states)",
-            cuda_graphs_outside_budget=True,
-            sort_sampler=True,
-        )
-        for pid in ("LLMD-0.11-TP1-H100", "LLMD-0.11-TP2-H100")
-    }
-)
-
-#: Comparable points whose own figures contradict vLLM's source, so that no source-derived plan can
-#: reach them; each is checked by check_contradiction, never fitted.
-CONTRADICTIONS = {
-    "BLOG-TP2-PRO6000": "the log leaves 1.66 GiB per GPU besides weights and KV (0.426 x 95.01 - 30.59 - "
-    "8.22), less than the sampler pass alone (2.12 GiB: 2.03 measured over 1,024 rows, with the TP-2 "
-    "all-gather, + hidden states), which vLLM 0.27.1 runs on every TP rank (gpu_model_runner.profile_run, "
-    "_dummy_sampler_run, same as 0.32); the same post's TP 1 run leaves 3.86 GiB, and no source term "
-    "falls by 2.2 GiB from TP 1 to TP 2",
-    "BLOG-PP2-PRO6000": "tokens are the minimum over stages, so the last stage spent at most 3.04 GiB "
-    "besides weights and KV; it runs the sampler (2.12 GiB) and captures CUDA graphs (1.86 GiB logged for "
-    "this model; the same post's TP 1 run implies 1.56), while the first stage, without the sampler, "
-    "spent 3.03 GiB",
+#: Comparable points the source-derived terms do not reach: the rule fails on them (an expected failure,
+#: strict, so that reaching them shows), and test_full_width_surplus pins the missing amount.
+UNEXPLAINED = {
+    "BLOG-PP2-PRO6000": "the first stage logged 3.03 GiB besides weights and KV where the terms give 1.51 "
+    "(forward 1.41, workspaces, non-torch; no sampler there): 1.52 GiB that no term of vLLM's source "
+    "accounts for at full layer width; the same post's TP 1 run shows the same surplus (1.72 GiB), its "
+    "TP 2 run none (0.03 GiB); the plan's last stage (2.30 GiB) puts KV 10.6 % above the log",
 }
 
 CATALOG_GPU_GIB = {"H100NVL-TABLE": 93.00}
@@ -262,42 +293,34 @@ def plan_point(point: dict[str, Any], setup: Setup) -> Plan:
     return make_plan(parse({**body, "spec": spec}).spec)
 
 
-def adjusted_gib(plan: Plan, setup: Setup) -> float:
-    """The plan's KV GiB with that version's accounting: graphs outside the budget, older sampler."""
-    budget = plan.kv_budget_bytes_per_gpu
-    if setup.cuda_graphs_outside_budget:
-        budget += CUDA_GRAPH_BYTES
-    runtime = plan.runtime
-    if setup.sort_sampler and runtime is not None:
-        rows = min(setup.max_num_seqs, setup.max_num_batched_tokens)
-        sort_sampler = runtime.sampler_bytes + int(
-            (SORT_SAMPLER_BYTES_PER_LOGIT - SAMPLER_BYTES_PER_LOGIT) * rows * VOCAB
-        )
-        budget -= max(runtime.forward_bytes, sort_sampler) - runtime.profile_peak_bytes
-    return budget / GIB
-
-
-def unclamped_budget_gib(point: dict[str, Any], plan: Plan) -> float:
-    """What vLLM would print as 'Available KV cache memory' under the plan's terms (negative = refused)."""
+def usable_bytes(point: dict[str, Any], setup: Setup) -> float:
     memory = CATALOG_GPU_GIB.get(point["id"], point["gpu_total_mem_gib"])
-    utilization = SETUPS[point["id"]].utilization or point["gpu_memory_utilization"]
-    assert plan.runtime is not None
-    usable = memory * utilization * GIB
-    return (usable - plan.weights_bytes_per_gpu - plan.runtime.total_bytes) / GIB
+    utilization = setup.utilization if setup.utilization is not None else point["gpu_memory_utilization"]
+    return memory * utilization * GIB
 
 
-def check_contradiction(pid: str, plan: Plan) -> None:
-    """The point's own figures against the source-derived terms CONTRADICTIONS names."""
-    point = POINTS[pid]
-    logged = point["logged"]
-    budget = point["gpu_total_mem_gib"] * point["gpu_memory_utilization"]
-    spent = budget - logged["model_loading_gib"] - logged["kv_cache_gib"]  # besides weights and KV
+def version_budget(point: dict[str, Any], setup: Setup, plan: Plan) -> float:
+    """The plan's KV budget per GPU (before clamping: negative means refused) in the point's version's
+    accounting: CUDA graphs left out where that version captured them after sizing the KV cache, and the
+    V1 model runner's sampler pass in place of Model Runner V2's logits and sampler state."""
     runtime = plan.runtime
     assert runtime is not None
-    if point["pp"] == 1:
-        assert spent < runtime.sampler_bytes / GIB, pid
-    else:
-        assert spent < (runtime.sampler_bytes + runtime.cuda_graph_bytes) / GIB, pid
+    charged = runtime.total_bytes
+    if setup.cuda_graphs_outside_budget:
+        charged -= runtime.cuda_graph_bytes
+    if setup.v1_runner:
+        rows = min(setup.max_num_seqs, setup.max_num_batched_tokens)
+        per_logit = SORT_SAMPLER_BYTES_PER_LOGIT if setup.sort_sampler else V1_SAMPLER_BYTES_PER_LOGIT
+        v1_sampler = int(per_logit * rows * VOCAB) + setup.max_num_batched_tokens * HIDDEN * 2
+        charged += max(runtime.forward_bytes, v1_sampler) - runtime.profile_peak_bytes
+        charged -= runtime.sampler_state_bytes
+    return usable_bytes(point, setup) - plan.weights_bytes_per_gpu - charged
+
+
+def version_tokens(point: dict[str, Any], setup: Setup, plan: Plan) -> int:
+    model = MODELS[setup.model]
+    shards = model.kv_shards(plan.tensor_parallel_size) * plan.pipeline_parallel_size
+    return kv_tokens(int(version_budget(point, setup, plan)), shards, plan.kv_bytes_per_token)
 
 
 def error(planned: float, logged: float | None) -> str:
@@ -320,19 +343,16 @@ def table() -> list[dict[str, Any]]:
             row["note"] = NOT_EXPRESSIBLE[pid]
         else:
             plan = plan_point(point, setup)
-            planned_gib = plan.kv_budget_bytes_per_gpu / GIB
-            if gib is not None and gib < 0:  # a refusal: compare what vLLM printed with the unclamped plan
-                planned_gib = unclamped_budget_gib(point, plan)
             row.update(
-                planned_gib=planned_gib,
-                planned_tokens=plan.kv_tokens_per_replica,
-                adjusted_gib=planned_gib if planned_gib < 0 else adjusted_gib(plan, setup),
+                plan_gib=plan.kv_budget_bytes_per_gpu / GIB,
+                version_gib=version_budget(point, setup, plan) / GIB,
+                version_tokens=version_tokens(point, setup, plan),
                 note="; ".join(
                     x
                     for x in (
                         setup.accounting,
                         setup.assumed and f"assumed: {setup.assumed}",
-                        pid in CONTRADICTIONS and f"contradicts the source: {CONTRADICTIONS[pid]}",
+                        pid in UNEXPLAINED and f"not reached: {UNEXPLAINED[pid]}",
                     )
                     if x
                 ),
@@ -344,56 +364,91 @@ def table() -> list[dict[str, Any]]:
 def test_every_point_is_planned_or_explained() -> None:
     assert set(SETUPS) | set(NOT_EXPRESSIBLE) == set(POINTS)
     assert not set(SETUPS) & set(NOT_EXPRESSIBLE)
+    assert set(UNEXPLAINED) <= {pid for pid, p in POINTS.items() if comparable(p)}
 
 
 def test_calibration_table(capsys: pytest.CaptureFixture[str]) -> None:
     rows = table()
     lines = [
-        "| point | vLLM | comparable | logged KV GiB/GPU | planned | error | adjusted to its version | error "
+        "| point | vLLM | comparable | logged KV GiB/GPU | plan (0.32) | in its version's accounting | error "
         "| logged tokens | planned tokens | error | what differs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        if "planned_gib" not in r:
+        if "version_gib" not in r:
             lines.append(
-                f"| {r['id']} | {r['version']} | no | {r['logged_gib'] or ''} | - | | | | "
+                f"| {r['id']} | {r['version']} | no | {r['logged_gib'] or ''} | - | - | | "
                 f"{r['logged_tokens'] or ''} | - | | not expressible: {r['note']} |"
             )
             continue
         lg = r["logged_gib"]
         lines.append(
             f"| {r['id']} | {r['version']} | {'yes' if r['comparable'] else 'no'} | {lg or ''} "
-            f"| {r['planned_gib']:.2f} | {error(r['planned_gib'], lg)} | {r['adjusted_gib']:.2f} "
-            f"| {error(r['adjusted_gib'], lg)} | {r['logged_tokens'] or ''} | {r['planned_tokens']} "
-            f"| {error(r['planned_tokens'], r['logged_tokens'])} | {r['note']} |"
+            f"| {r['plan_gib']:.2f} | {r['version_gib']:.2f} | {error(r['version_gib'], lg)} "
+            f"| {r['logged_tokens'] or ''} | {r['version_tokens']} "
+            f"| {error(r['version_tokens'], r['logged_tokens'])} | {r['note']} |"
         )
     with capsys.disabled():
         print("\n" + "\n".join(lines))
     assert any(r["comparable"] for r in rows)
 
 
-@pytest.mark.parametrize("pid", [pid for pid, p in POINTS.items() if comparable(p)])
+def comparable_case(pid: str) -> Any:
+    reason = UNEXPLAINED.get(pid)
+    return pytest.param(pid, marks=pytest.mark.xfail(strict=True, reason=reason)) if reason else pid
+
+
+@pytest.mark.parametrize("pid", [comparable_case(pid) for pid, p in POINTS.items() if comparable(p)])
 def test_comparable_points_within_the_band(pid: str) -> None:
-    point = POINTS[pid]
-    plan = plan_point(point, SETUPS[pid])
+    point, setup = POINTS[pid], SETUPS[pid]
+    plan = plan_point(point, setup)
     gib, tokens = logged_kv(point)
     if gib is not None and gib < 0:  # vLLM refused to start: the plan must refuse too
-        assert not plan.fits and unclamped_budget_gib(point, plan) < 0
-        return
-    if pid in CONTRADICTIONS:
-        check_contradiction(pid, plan)
+        assert not plan.fits and version_budget(point, setup, plan) < 0
         return
     if gib is not None:
-        assert BELOW <= (plan.kv_budget_bytes_per_gpu / GIB - gib) / gib <= ABOVE
+        assert BELOW <= (version_budget(point, setup, plan) / GIB - gib) / gib <= ABOVE
     if tokens is not None:
-        assert BELOW <= (plan.kv_tokens_per_replica - tokens) / tokens <= ABOVE
+        assert BELOW <= (version_tokens(point, setup, plan) - tokens) / tokens <= ABOVE
 
 
-def test_adjusted_older_cuda_points_within_ten_percent() -> None:
-    # With that version's accounting put back, the NVIDIA points of older versions fit too: the rest of
-    # the model (weights, measured activations and sampler, non-torch) explains them.
-    older = ("LMCACHE-FAQ-TP2-H100", "VLLM-15815", "RAGPI-AWQ-TP2-5090", "NIMBUS-TP1-v019")
-    for pid in (*older, "LLMD-0.11-TP1-H100", "LLMD-0.11-TP2-H100"):
+def logged_runtime_gib(pid: str) -> float:
+    """What the log leaves per GPU besides weights and KV cache (the first stage's, with PP)."""
+    point = POINTS[pid]
+    return (
+        point["gpu_total_mem_gib"] * point["gpu_memory_utilization"]
+        - point["logged"]["model_loading_gib"]
+        - point["logged"]["kv_cache_gib"]
+    )
+
+
+def test_full_width_surplus() -> None:
+    # vLLM 0.27.1 (one post, one machine): at TP 2 the source terms (forward, sampler state, workspaces,
+    # non-torch) give what the log left within 0.05 GiB; at full layer width (TP 1, and PP 2's first
+    # stage, which runs no sampler) the log leaves 1.5-1.75 GiB more than the terms, which no term of
+    # the source accounts for (UNEXPLAINED).
+    model = MODELS["Qwen/Qwen3-32B"]
+    tp2 = plan_point(POINTS["BLOG-TP2-PRO6000"], SETUPS["BLOG-TP2-PRO6000"]).runtime
+    tp1 = plan_point(POINTS["BLOG-TP1-PRO6000-REFUSED"], SETUPS["BLOG-TP1-PRO6000-REFUSED"]).runtime
+    assert tp2 is not None and tp1 is not None
+    first_stage = 8192 * dict(model.activation_bytes_per_token)[1] + CUBLAS_WORKSPACE_BYTES + NON_TORCH_BYTES
+    surplus = {
+        "TP 2": logged_runtime_gib("BLOG-TP2-PRO6000") - (tp2.total_bytes - tp2.cuda_graph_bytes) / GIB,
+        "TP 1": logged_runtime_gib("BLOG-TP1-PRO6000-REFUSED")
+        - (tp1.total_bytes - tp1.cuda_graph_bytes) / GIB,
+        "PP 2, first stage": logged_runtime_gib("BLOG-PP2-PRO6000") - first_stage / GIB,
+    }
+    assert abs(surplus["TP 2"]) < 0.05, surplus
+    assert 1.5 < surplus["PP 2, first stage"] < 1.75 and 1.5 < surplus["TP 1"] < 1.75, surplus
+
+
+def test_older_versions_within_ten_percent() -> None:
+    # In their version's accounting the NVIDIA points of versions before the comparable range fit too:
+    # the rest of the model (weights, measured activations and sampler, non-torch) explains them.
+    older = ("LMCACHE-FAQ-TP2-H100", "VLLM-15815", "RAGPI-AWQ-TP2-5090", "LLMD-0.11-TP1-H100")
+    for pid in (*older, "LLMD-0.11-TP2-H100"):
         point, setup = POINTS[pid], SETUPS[pid]
         gib, _ = logged_kv(point)
-        assert adjusted_gib(plan_point(point, setup), setup) == pytest.approx(gib, rel=0.10), pid
+        assert version_budget(point, setup, plan_point(point, setup)) / GIB == pytest.approx(gib, rel=0.10), (
+            pid
+        )

@@ -199,15 +199,16 @@ def test_qwen3_8b_on_one_a100_80gb_by_hand() -> None:
     assert (plan.tensor_parallel_size, plan.gpus_per_replica) == (1, 1)
     # weights 8,190,735,360 parameters x 2 B = 16,381,470,720 B on the one GPU
     assert plan.weights_bytes_per_gpu == 16_381_470_720
-    # runtime: forward 8,192 x 98,312 (measured, TP 1) = 805,371,904 B, the peak (sampler 14.07 x 256 x
-    # 151,936 + 8,192 x 4,096 x 2 = 614,370,181 B); workspaces 34,603,008 + sampler buffer 132 x 151,936
-    # x 4 = 80,222,208; non-torch 71,303,168; CUDA graphs 1,997,159,792: 2,988,660,080 B
-    assert plan.runtime is not None and plan.runtime.total_bytes == 2_988_660_080
-    # budget: 84,975,927,951 x 0.9 = 76,478,335,155 - 16,381,470,720 - 2,988,660,080 = 57,108,204,355 B
-    assert plan.kv_budget_bytes_per_gpu == 57_108_204_355
-    # KV per token 2 x 36 x 8 x 128 x 2 = 147,456 B; 57,108,204,355 / 147,456 = 387,289 -> 387,280
-    # (16-token blocks); 387,280 // 32,768 = 11 full-length requests at once
-    assert plan.kv_tokens_per_replica == 387_280 and plan.max_concurrent_at_max_model_len == 11
+    # runtime: forward 8,192 x 98,312 (measured, TP 1) = 805,371,904 B, the peak (sampler pass 256 x
+    # 151,936 x 2 + 256 x 149 x 12 + (8,192 + 256) x 4,096 x 2 = 147,454,976 B); sampler state 256 x 4
+    # x 165,914 = 169,895,936 (the vocabulary's, not the size's); workspaces 34,603,008; non-torch
+    # 71,303,168; CUDA graphs 1,997,159,792: 3,078,333,808 B
+    assert plan.runtime is not None and plan.runtime.total_bytes == 3_078_333_808
+    # budget: 84,975,927,951 x 0.9 = 76,478,335,155 - 16,381,470,720 - 3,078,333,808 = 57,018,530,627 B
+    assert plan.kv_budget_bytes_per_gpu == 57_018_530_627
+    # KV per token 2 x 36 x 8 x 128 x 2 = 147,456 B; 57,018,530,627 / 147,456 = 386,681 -> 386,672
+    # (16-token blocks); 386,672 // 32,768 = 11 full-length requests at once
+    assert plan.kv_tokens_per_replica == 386_672 and plan.max_concurrent_at_max_model_len == 11
     assert plan.fits and plan.warnings == []
 
 
@@ -219,7 +220,7 @@ def test_qwen3_8b_plan_and_render_through_the_cli() -> None:
     assert (plan["model"], plan["tensorParallelSize"], plan["kvTokensPerReplica"]) == (
         "Qwen/Qwen3-8B",
         1,
-        387_280,
+        386_672,
     )
     rendered = run_cli("render", "-f", "-", stdin=body)
     assert rendered.returncode == 0, rendered.stderr

@@ -77,16 +77,17 @@ def test_a100_golden_numbers_by_hand() -> None:
     assert plan["weightsGiBPerGpu"] == 30.51
     # usable: 79.14 GiB (what CUDA reports for an A100-80GB) x 0.9 = 76,478,335,156 B; minus per GPU
     # 32,765,000,000 B weights, the profile forward of 8,192 batched tokens at TP 2 (117,768 B per token,
-    # tools/measure/activation_peak.out.txt) 964,755,456 B, workspaces 33 MiB + the sampler's Triton buffer
-    # 128 x 151,936 x 4 B = 112,394,240 B, non-torch 68 MiB = 71,303,168 B (tools/measure/runtime_terms)
-    # and CUDA graphs 1.86 GiB = 1,997,159,792 B: 40,567,722,499 B = 37.78 GiB
-    assert plan["kvCacheGiBPerGpu"] == 37.78
-    assert plan["runtimeGiBPerGpu"] == 2.93  # 964,755,456 + 112,394,240 + 71,303,168 + 1,997,159,792 B
+    # tools/measure/activation_peak.out.txt) 964,755,456 B, the sampler state of 128 requests 128 x 4 x
+    # 165,914 = 84,947,968 B, workspaces 33 MiB = 34,603,008 B, non-torch 68 MiB = 71,303,168 B
+    # (tools/measure/runtime_terms) and CUDA graphs 1.86 GiB = 1,997,159,792 B: 40,560,565,763 B = 37.77 GiB
+    assert plan["kvCacheGiBPerGpu"] == 37.77
+    # 964,755,456 + 84,947,968 + 34,603,008 + 71,303,168 + 1,997,159,792 = 3,152,769,392 B
+    assert plan["runtimeGiBPerGpu"] == 2.94
     # KV per token 2 (K,V) x 64 layers x 8 KV heads x 128 head_dim x 2 B = 262,144 B
     assert plan["kvBytesPerToken"] == 262_144
-    # tokens = budget x 2 GPUs / 262,144 = 309,507.8, in whole 16-token blocks -> 309,504
-    assert plan["kvTokensPerReplica"] == 309_504
-    # 309,504 // 32,768 = 9 requests of the full 32K context at once
+    # tokens = budget x 2 GPUs / 262,144 = 309,453.0, in whole 16-token blocks -> 309,440
+    assert plan["kvTokensPerReplica"] == 309_440
+    # 309,440 // 32,768 = 9 requests of the full 32K context at once
     assert plan["maxConcurrentAtMaxModelLen"] == 9
     assert (plan["tensorParallelSize"], plan["gpusPerReplica"], plan["maxModelLen"]) == (2, 2, 32_768)
 

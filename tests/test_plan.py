@@ -98,18 +98,20 @@ def test_a100_80gb_tp2_bf16_example_by_hand() -> None:
     assert plan.weights_bytes_per_gpu == 32_765_000_000
     assert round(plan.weights_bytes_per_gpu / GIB, 2) == 30.51
     # usable per GPU: 84,975,927,951 x 0.90 = 76,478,335,155 B
-    # runtime: forward 8,192 x 117,768 = 964,755,456 B; sampler 14.07 x 128 x 151,936 + 8,192 x 10,240
-    # = 357,516,738 B (the forward is the peak); workspaces 33 MiB + the Triton sampler buffer 128 x 151,936
-    # x 4 = 112,394,240 B; non-torch 68 MiB = 71,303,168 B; CUDA graphs 1,997,159,792 B; in all
-    # 3,145,612,656 B (2.93 GiB)
-    assert plan.runtime is not None and plan.runtime.total_bytes == 3_145_612_656
-    # KV budget per GPU: 76,478,335,155 - 32,765,000,000 - 3,145,612,656 = 40,567,722,499 B (37.78 GiB)
-    assert plan.kv_budget_bytes_per_gpu == 40_567_722_499
+    # runtime: forward 8,192 x 117,768 = 964,755,456 B; sampler pass over 128 rows: logits 128 x 151,936
+    # x 2 = 38,895,616 B, alive 1/2 + 2 times with the all-gather = 97,239,040, Gumbel buffers 128 x 149
+    # x 12 = 228,864, hidden states (8,192 + 128) x 5,120 x 2 = 85,196,800: 182,664,704 B (the forward is
+    # the peak); sampler state 128 x 4 x (151,936 + 2 x 4,748 + 4,482) = 84,947,968 B; workspaces 33 MiB
+    # = 34,603,008 B; non-torch 68 MiB = 71,303,168 B; CUDA graphs 1,997,159,792 B; in all
+    # 3,152,769,392 B (2.94 GiB)
+    assert plan.runtime is not None and plan.runtime.total_bytes == 3_152_769_392
+    # KV budget per GPU: 76,478,335,155 - 32,765,000,000 - 3,152,769,392 = 40,560,565,763 B (37.77 GiB)
+    assert plan.kv_budget_bytes_per_gpu == 40_560_565_763
     # KV per token: 2 x 64 x 8 x 128 x 2 = 262,144 B; each GPU holds 1/2 of the KV heads, so
-    # tokens per replica = budget x 2 / 262,144 = 309,507.8 -> 19,344 blocks of 16 = 309,504
+    # tokens per replica = budget x 2 / 262,144 = 309,453.0 -> 19,340 blocks of 16 = 309,440
     assert plan.kv_bytes_per_token == 262_144
-    assert plan.kv_tokens_per_replica == 309_504
-    # full 32,768-token requests at once: 309,504 // 32,768 = 9 (9.45)
+    assert plan.kv_tokens_per_replica == 309_440
+    # full 32,768-token requests at once: 309,440 // 32,768 = 9 (9.44)
     assert plan.max_concurrent_at_max_model_len == 9
     assert (plan.tensor_parallel_size, plan.gpus_per_replica, plan.max_model_len) == (2, 2, 32_768)
     assert plan.yarn is None and plan.quantization is None
@@ -121,14 +123,14 @@ def test_h100_fp8_128k_example_by_hand() -> None:
     # weights per GPU: 34,350,000,000 / 2 = 17,175,000,000 B (16.00 GiB)
     assert plan.weights_bytes_per_gpu == 17_175_000_000
     # usable: 84,943,715,696 x 0.9 = 76,449,344,126 B (71.20 GiB)
-    # runtime: forward 16,384 x 117,768 = 1,929,510,912 B + workspaces 34,603,008 + sampler buffer 64 x
-    # 151,936 x 4 = 38,895,616 + non-torch 71,303,168 + CUDA graphs 1,997,159,792 = 4,071,472,496 B
-    # budget: 76,449,344,126 - 17,175,000,000 - 4,071,472,496 = 55,202,871,630 B (51.41 GiB)
-    assert plan.kv_budget_bytes_per_gpu == 55_202_871_630
-    # fp8 KV: 131,072 B per token; tokens = 55,202,871,630 x 2 / 131,072 = 842,329 -> 842,320 (blocks)
+    # runtime: forward 16,384 x 117,768 = 1,929,510,912 B + sampler state 64 x 4 x 165,914 = 42,473,984
+    # + workspaces 34,603,008 + non-torch 71,303,168 + CUDA graphs 1,997,159,792 = 4,075,050,864 B
+    # budget: 76,449,344,126 - 17,175,000,000 - 4,075,050,864 = 55,199,293,262 B (51.41 GiB)
+    assert plan.kv_budget_bytes_per_gpu == 55_199_293_262
+    # fp8 KV: 131,072 B per token; tokens = 55,199,293,262 x 2 / 131,072 = 842,274 -> 842,272 (blocks)
     assert plan.kv_bytes_per_token == 131_072
-    assert plan.kv_tokens_per_replica == 842_320
-    # 842,320 // 131,072 = 6 full-length requests
+    assert plan.kv_tokens_per_replica == 842_272
+    # 842,272 // 131,072 = 6 full-length requests
     assert plan.max_concurrent_at_max_model_len == 6
     # 131,072 > 32,768: YaRN, factor 4 (131,072 / 32,768), original window 32,768
     assert plan.yarn is not None
@@ -143,12 +145,12 @@ def test_l40s_awq_example_by_hand() -> None:
     assert plan.weights_bytes_per_gpu == 19_340_000_000
     # usable: 47,695,611,822 x 0.9 = 42,926,050,639 B
     # runtime at TP 1, 8,192 batched tokens (the default): forward 8,192 x 184,328 = 1,510,014,976 B
-    # + workspaces and the 64-row sampler buffer 73,498,624 + non-torch 71,303,168 + CUDA graphs
-    # 1,997,159,792 = 3,651,976,560 B (3.40 GiB)
-    # budget: 42,926,050,639 - 19,340,000,000 - 3,651,976,560 = 19,934,074,079 B (18.56 GiB)
-    assert plan.kv_budget_bytes_per_gpu == 19_934_074_079
-    # tokens: 19,934,074,079 / 262,144 = 76,042.6 -> 76,032 (blocks); 76,032 // 32,768 = 2
-    assert plan.kv_tokens_per_replica == 76_032
+    # + the 64-request sampler state 42,473,984 + workspaces 34,603,008 + non-torch 71,303,168 + CUDA
+    # graphs 1,997,159,792 = 3,655,554,928 B (3.40 GiB)
+    # budget: 42,926,050,639 - 19,340,000,000 - 3,655,554,928 = 19,930,495,711 B (18.56 GiB)
+    assert plan.kv_budget_bytes_per_gpu == 19_930_495_711
+    # tokens: 19,930,495,711 / 262,144 = 76,028.9 -> 76,016 (blocks); 76,016 // 32,768 = 2
+    assert plan.kv_tokens_per_replica == 76_016
     assert plan.max_concurrent_at_max_model_len == 2
     assert plan.quantization == "awq_marlin" and plan.fits
 
@@ -158,22 +160,24 @@ def test_l40s_awq_example_by_hand() -> None:
 
 def test_bf16_on_two_a100_40gb_does_not_fit() -> None:
     plan = plan_for(gpu={"type": "A100-40GB"})
-    # usable: 42,412,802,048 x 0.9 = 38,171,521,843 B (35.55 GiB); weights 30.51 GiB + runtime 2.93 GiB
-    # leave 2,258,478,211 B (2.10 GiB): 17,216 tokens, less than one 32,768-token sequence (8 GiB)
+    # usable: 42,412,802,048 x 0.9 = 38,171,521,843 B (35.55 GiB); weights 30.51 GiB + runtime 3.02 GiB
+    # (the sampler state of 256 requests: 0.16 GiB) leave 2,168,804,483 B (2.02 GiB): 16,544 tokens,
+    # less than one 32,768-token sequence (8 GiB)
     assert not plan.fits
-    assert plan.kv_tokens_per_replica == 17_216
+    assert plan.kv_tokens_per_replica == 16_544
     (message,) = errors_at(plan, "spec.engine.maxModelLen")
-    assert "one 32768-token sequence needs 8.00 GiB of KV cache but a replica has 4.21 GiB" in message
-    assert "after 30.51 GiB of weights and 2.93 GiB runtime" in message
+    assert "one 32768-token sequence needs 8.00 GiB of KV cache but a replica has 4.04 GiB" in message
+    assert "after 30.51 GiB of weights and 3.02 GiB runtime" in message
 
 
 def test_no_room_for_the_weights_is_a_gpu_error_naming_the_runtime_terms() -> None:
     plan = plan_for(gpu={"type": "A100-40GB"}, engine={"gpuMemoryUtilization": 0.8})
-    # usable: 42,412,802,048 x 0.8 = 33,930,241,638 B (31.60 GiB) < 30.51 GiB weights + 2.93 GiB runtime
+    # usable: 42,412,802,048 x 0.8 = 33,930,241,638 B (31.60 GiB) < 30.51 GiB weights + 3.02 GiB runtime
     (message,) = errors_at(plan, "spec.gpu.type")
     assert (
-        "weights need 30.51 GiB per GPU plus 2.93 GiB runtime (activations of 8192 batched tokens" in message
+        "weights need 30.51 GiB per GPU plus 3.02 GiB runtime (activations of 8192 batched tokens" in message
     )
+    assert "sampler state 0.16 GiB, workspaces 0.03 GiB, non-torch 0.07 GiB, CUDA graphs 1.86 GiB" in message
     assert "A100-40GB offers 31.60 GiB at gpuMemoryUtilization 0.8" in message
     assert plan.kv_budget_bytes_per_gpu == 0 and plan.kv_tokens_per_replica == 0
 
@@ -181,34 +185,35 @@ def test_no_room_for_the_weights_is_a_gpu_error_naming_the_runtime_terms() -> No
 def test_bf16_on_four_a100_40gb_fits() -> None:
     plan = plan_for(gpu={"type": "A100-40GB"}, parallelism={"tensor": 4})
     # weights 65.53e9 / 4 = 16,382,500,000 B; runtime: forward 8,192 x 79,368 = 650,182,656 B, sampler
-    # 14.07 x 256 x 151,936 + 83,886,080 = 631,147,397 B (smaller), workspaces 34,603,008 + sampler
-    # buffer 132 x 151,936 x 4 = 80,222,208, non-torch 71,303,168 (the same at every TP: NCCL is set up
-    # before vLLM's snapshot), CUDA graphs 1,997,159,792 B: 2,833,470,832 B
-    # budget 38,171,521,843 - 16,382,500,000 - 2,833,470,832 = 18,955,551,011 B
-    # tokens = x 4 / 262,144 = 289,238 -> 289,232 (blocks); // 32,768 = 8
-    assert plan.kv_budget_bytes_per_gpu == 18_955_551_011
-    assert plan.kv_tokens_per_replica == 289_232
+    # pass over 256 rows (256 x 151,936 x 2 x (1/4 + 2) = 175,042,560 with the all-gather + 457,728 +
+    # (8,192 + 256) x 10,240 = 261,995,520 B, smaller), sampler state 256 x 4 x 165,914 = 169,895,936,
+    # workspaces 34,603,008, non-torch 71,303,168 (the same at every TP: NCCL is set up before vLLM's
+    # snapshot), CUDA graphs 1,997,159,792 B: 2,923,144,560 B
+    # budget 38,171,521,843 - 16,382,500,000 - 2,923,144,560 = 18,865,877,283 B
+    # tokens = x 4 / 262,144 = 287,870 -> 287,856 (blocks); // 32,768 = 8
+    assert plan.kv_budget_bytes_per_gpu == 18_865_877_283
+    assert plan.kv_tokens_per_replica == 287_856
     assert plan.max_concurrent_at_max_model_len == 8
     assert plan.fits
 
 
 def test_bf16_tp1_on_a100_80gb_cannot_hold_one_full_sequence() -> None:
     plan = plan_for(parallelism={"tensor": 1})
-    # runtime: forward 1,510,014,976 + workspaces and sampler buffer 114,825,216 + non-torch 71,303,168
-    # + CUDA graphs 1,997,159,792 = 3,693,303,152 B
-    # budget: 76,478,335,155 - 65,530,000,000 - 3,693,303,152 = 7,255,032,003 B (6.76 GiB)
-    # tokens: 7,255,032,003 / 262,144 = 27,675.8 -> 27,664 < 32,768 (one sequence needs 8 GiB)
-    assert plan.kv_tokens_per_replica == 27_664
+    # runtime: forward 1,510,014,976 + sampler state 169,895,936 + workspaces 34,603,008 + non-torch
+    # 71,303,168 + CUDA graphs 1,997,159,792 = 3,782,976,880 B
+    # budget: 76,478,335,155 - 65,530,000,000 - 3,782,976,880 = 7,165,358,275 B (6.67 GiB)
+    # tokens: 7,165,358,275 / 262,144 = 27,333.7 -> 27,328 < 32,768 (one sequence needs 8 GiB)
+    assert plan.kv_tokens_per_replica == 27_328
     (message,) = errors_at(plan, "spec.engine.maxModelLen")
     assert (
-        "one 32768-token sequence needs 8.00 GiB of KV cache but a replica has 6.76 GiB (27664 tokens)"
+        "one 32768-token sequence needs 8.00 GiB of KV cache but a replica has 6.67 GiB (27328 tokens)"
         in message
     )
 
 
 def test_one_full_request_fits_but_warns() -> None:
     plan = plan_for(parallelism={"tensor": 1}, engine={"maxModelLen": 16_384})
-    # 27,664 // 16,384 = 1 request at full length: allowed, with a warning
+    # 27,328 // 16,384 = 1 request at full length: allowed, with a warning
     assert plan.fits and plan.max_concurrent_at_max_model_len == 1
     assert any(
         "only 1 request(s) of 16384 tokens fit at once" in w
@@ -270,22 +275,24 @@ def test_gpu_memory_is_what_cuda_reports() -> None:
 def test_gpu_memory_utilization_changes_the_budget() -> None:
     plan = plan_for(engine={"gpuMemoryUtilization": 0.8})
     # usable: 84,975,927,951 x 0.8 = 67,980,742,360; budget = 67,980,742,360 - 32,765,000,000
-    # - 3,148,043,632 (runtime at TP 2, 256 seqs) = 32,067,698,728; tokens = x 2 / 262,144 = 244,657
-    # -> 244,656 (blocks)
-    assert plan.kv_budget_bytes_per_gpu == 32_067_698_728
-    assert plan.kv_tokens_per_replica == 244_656
+    # - 3,237,717,360 (runtime at TP 2, 256 seqs) = 31,978,025,000; tokens = x 2 / 262,144 = 243,973
+    # -> 243,968 (blocks)
+    assert plan.kv_budget_bytes_per_gpu == 31_978_025_000
+    assert plan.kv_tokens_per_replica == 243_968
 
 
 def test_pipeline_parallelism_splits_weights_and_layers() -> None:
     plan = plan_for(parallelism={"tensor": 2, "pipeline": 2})
-    # 4 GPUs: weights 65,530,000,000 / 4 = 16,382,500,000 B each; runtime as at TP 2 (each stage runs
-    # all batched tokens through its layers; the last one samples, and vLLM sizes every stage to the
-    # smallest): 3,148,043,632 B; KV budget per GPU 76,478,335,155 - 16,382,500,000 - 3,148,043,632
-    # = 56,947,791,523; each GPU holds 1/2 of the KV heads of 1/2 of the layers: tokens
-    # = 56,947,791,523 x 4 / 262,144 = 868,954 -> 868,944 (blocks)
+    # 4 GPUs: weights 65,530,000,000 / 4 = 16,382,500,000 B each; runtime of the last stage (each stage
+    # runs all batched tokens through its layers; the last one samples, and vLLM sizes every stage to
+    # the smallest budget): TP 2's 3,237,717,360 B + the buffers it receives hidden states and residual
+    # into, 2 x 8,192 x 5,120 x 2 = 167,772,160 B: 3,405,489,520 B; KV budget per GPU 76,478,335,155
+    # - 16,382,500,000 - 3,405,489,520 = 56,690,345,635; each GPU holds 1/2 of the KV heads of 1/2 of the
+    # layers: tokens = 56,690,345,635 x 4 / 262,144 = 865,026 -> 865,024 (blocks)
     assert plan.gpus_per_replica == 4
     assert plan.weights_bytes_per_gpu == 16_382_500_000
-    assert plan.kv_tokens_per_replica == 868_944
+    assert plan.runtime is not None and plan.runtime.total_bytes == 3_405_489_520
+    assert plan.kv_tokens_per_replica == 865_024
 
 
 def test_draft_model_weights_count() -> None:
@@ -313,11 +320,11 @@ def test_draft_model_kv_cache_shares_the_pool(draft: str, layers: int, kib: int)
 
 def test_draft_model_kv_cache_lowers_the_tokens() -> None:
     plan = plan_for(engine={"speculative": {"method": "draft_model", "model": "Qwen/Qwen3-0.6B"}})
-    # budget: 76,478,335,155 - 33,361,049,920 - 3,148,043,632 (runtime at TP 2, 256 seqs: the forward
-    # 964,755,456 is still the peak) = 39,969,241,603 B; tokens = x 2 / (262,144 + 114,688)
-    # = 212,136.6 -> 212,128 (blocks), 6 full 32K requests instead of 9 without the draft
-    assert plan.kv_budget_bytes_per_gpu == 39_969_241_603
-    assert plan.kv_tokens_per_replica == 212_128
+    # budget: 76,478,335,155 - 33,361,049,920 - 3,237,717,360 (runtime at TP 2, 256 seqs: the forward
+    # 964,755,456 is still the peak) = 39,879,567,875 B; tokens = x 2 / (262,144 + 114,688)
+    # = 211,660.6 -> 211,648 (blocks), 6 full 32K requests instead of 9 without the draft
+    assert plan.kv_budget_bytes_per_gpu == 39_879_567_875
+    assert plan.kv_tokens_per_replica == 211_648
     assert plan.max_concurrent_at_max_model_len == 6
 
 
@@ -389,9 +396,10 @@ def test_runtime_grows_with_max_num_batched_tokens() -> None:
 def test_sampler_pass_is_the_peak_with_many_sequences_and_a_small_batch() -> None:
     model = MODELS["Qwen/Qwen3-32B"]
     runtime = runtime_memory(model, 2, 2_048, 1_024)
-    # sampler int(14.07 x 1,024 x 151,936) + 2,048 x 10,240 = 2,189,045,268 + 20,971,520
-    # = 2,210,016,788 B > forward 2,048 x 117,768 = 241,188,864 B
-    assert runtime.sampler_bytes == 2_210_016_788
+    # sampler: logits 1,024 x 151,936 x 2 = 311,164,928 B, alive 1/2 + 2 times with the TP 2 all-gather
+    # = 777,912,320, Gumbel buffers 1,024 x 149 x 12 = 1,830,912, hidden states (2,048 + 1,024) x 10,240
+    # = 31,457,280: 811,200,512 B > forward 2,048 x 117,768 = 241,188,864 B
+    assert runtime.sampler_bytes == 811_200_512
     assert runtime.profile_peak_bytes == runtime.sampler_bytes > runtime.forward_bytes
 
 
@@ -405,16 +413,16 @@ def test_enforce_eager_drops_the_cuda_graph_estimate() -> None:
 def test_h200_tp1_128k_with_a_128k_batch_is_refused() -> None:
     # issue 12: the old fixed 5.5 GiB overhead said 187,562 tokens; with the measured activations:
     # usable 150,109,945,856 x 0.8 = 120,087,956,684 B; weights 65,530,000,000; forward
-    # 131,072 x 184,328 = 24,160,239,616 B; workspaces and sampler buffer 114,825,216; non-torch
-    # 71,303,168; CUDA graphs 1,997,159,792; budget 28,214,428,892 B -> 107,616 tokens, less than one
+    # 131,072 x 184,328 = 24,160,239,616 B; sampler state 169,895,936; workspaces 34,603,008; non-torch
+    # 71,303,168; CUDA graphs 1,997,159,792; budget 28,124,755,164 B -> 107,280 tokens, less than one
     # 131,072-token request
     plan = plan_for(
         gpu={"type": "H200-141GB"},
         parallelism={"tensor": 1},
         engine={"maxModelLen": 131_072, "maxNumBatchedTokens": 131_072, "gpuMemoryUtilization": 0.8},
     )
-    assert plan.kv_budget_bytes_per_gpu == 28_214_428_892
-    assert plan.kv_tokens_per_replica == 107_616
+    assert plan.kv_budget_bytes_per_gpu == 28_124_755_164
+    assert plan.kv_tokens_per_replica == 107_280
     (message,) = errors_at(plan, "spec.engine.maxModelLen")
     assert "activations of 131072 batched tokens 22.50 GiB" in message
 
@@ -476,12 +484,13 @@ def test_tp16_replicates_the_kv_heads() -> None:
     GPU holds one KV head, each head on 2 GPUs, so the KV cache is split 8 ways, not 16."""
     plan = plan_for(gpu={"type": "H100-80GB", "gpusPerNode": 16}, parallelism={"tensor": 16})
     # weights 65,530,000,000 / 16 = 4,095,625,000 B; runtime: forward 8,192 x 50,568 (measured at TP 16)
-    # = 414,253,056 B < the sampler's 631,147,397 B (256 rows), workspaces and sampler buffer 114,825,216,
-    # non-torch 71,303,168, CUDA graphs 1,997,159,792; budget 76,449,344,126 - 4,095,625,000
-    # - 2,814,435,573 = 69,539,283,553 B per GPU; tokens = x 8 KV shards / 262,144 = 2,122,170 -> 2,122,160
+    # = 414,253,056 B > the sampler pass's 247,409,664 B (256 rows), sampler state 169,895,936,
+    # workspaces 34,603,008, non-torch 71,303,168, CUDA graphs 1,997,159,792; budget 76,449,344,126
+    # - 4,095,625,000 - 2,687,214,960 = 69,666,504,166 B per GPU; tokens = x 8 KV shards / 262,144
+    # = 2,126,053 -> 2,126,048
     assert plan.fits and plan.weights_bytes_per_gpu == 4_095_625_000
-    assert plan.kv_budget_bytes_per_gpu == 69_539_283_553
-    assert plan.kv_tokens_per_replica == 2_122_160
+    assert plan.kv_budget_bytes_per_gpu == 69_666_504_166
+    assert plan.kv_tokens_per_replica == 2_126_048
 
 
 @pytest.mark.parametrize(
@@ -881,14 +890,14 @@ def test_lora_worked_example_by_hand() -> None:
     assert (plan.lora.shrink_buffer_bytes, plan.lora.cuda_graph_bytes) == (2_097_152, 106_954_752)
     # in all 3,006,178,432 B = 2.80 GiB per GPU
     assert plan.lora.total_bytes == 3_006_178_432
-    # KV budget: the A100 example's 40,567,722,499 B (test_a100_80gb_tp2_bf16_example_by_hand) less 4 more
-    # rows of the sampler's Triton buffer at 256 sequences (4 x 151,936 x 4 = 2,430,976 B) = 40,565,291,523 B
-    # without LoRA; with it 40,565,291,523 - 3,006,178,432 = 37,559,113,091 B
-    assert plan.kv_budget_bytes_per_gpu == 37_559_113_091
-    # tokens = x 2 / 262,144 = 286,553.3 -> 286,544 (blocks): 22,944 fewer than 309,488 without LoRA,
+    # KV budget: the A100 example's 40,560,565,763 B (test_a100_80gb_tp2_bf16_example_by_hand) less the
+    # sampler state of 128 more requests at 256 sequences (128 x 4 x 165,914 = 84,947,968 B)
+    # = 40,475,617,795 B without LoRA; with it 40,475,617,795 - 3,006,178,432 = 37,469,439,363 B
+    assert plan.kv_budget_bytes_per_gpu == 37_469_439_363
+    # tokens = x 2 / 262,144 = 285,869.4 -> 285,856 (blocks): 22,944 fewer than 308,800 without LoRA,
     # and 8 full 32K requests at once instead of 9
-    assert plan.kv_tokens_per_replica == 286_544
-    assert plan_for().kv_tokens_per_replica == 309_488
+    assert plan.kv_tokens_per_replica == 285_856
+    assert plan_for().kv_tokens_per_replica == 308_800
     assert plan.max_concurrent_at_max_model_len == 8
     assert plan.fits and plan.warnings == []
 
@@ -918,7 +927,7 @@ def test_lora_slots_grow_with_slots_and_rank_not_with_adapters() -> None:
 
 def test_without_lora_the_plan_has_no_lora_term() -> None:
     plan = plan_for()
-    assert plan.lora is None and plan.kv_budget_bytes_per_gpu == 40_565_291_523
+    assert plan.lora is None and plan.kv_budget_bytes_per_gpu == 40_475_617_795
 
 
 def test_enforce_eager_captures_no_extra_cuda_graphs() -> None:
@@ -965,17 +974,17 @@ def test_runtime_adapter_loading_needs_one_api_server(args: list[str], path: str
 
 
 def test_a_lora_plan_that_does_not_fit_names_the_lora_term() -> None:
-    # 10 slots of rank 256: 10 x 256 x 5,655,296 x 2 B = 28,955,115,520 B of slots (26.97 GiB) leave 87,680
+    # 10 slots of rank 256: 10 x 256 x 5,655,296 x 2 B = 28,955,115,520 B of slots (26.97 GiB) leave 86,992
     # tokens, less than one 131,072-token request
     plan = plan_for(lora={"maxLoras": 10, "maxLoraRank": 256}, engine={"maxModelLen": 131_072})
     (message,) = errors_at(plan, "spec.engine.maxModelLen")
-    assert "after 30.51 GiB of weights plus 27.08 GiB for LoRA (spec.lora) and 2.93 GiB runtime" in message
+    assert "after 30.51 GiB of weights plus 27.08 GiB for LoRA (spec.lora) and 3.02 GiB runtime" in message
     assert message.endswith("a quantized checkpoint, fewer LoRA slots or a lower maxLoraRank")
-    # two A100-40GB: 30.51 GiB of weights + 2.80 GiB for LoRA + 2.93 GiB runtime > 35.55 GiB usable
+    # two A100-40GB: 30.51 GiB of weights + 2.80 GiB for LoRA + 3.02 GiB runtime > 35.55 GiB usable
     (message,) = errors_at(
         plan_for(gpu={"type": "A100-40GB"}, lora={"maxLoras": 4, "maxLoraRank": 64}), "spec.gpu.type"
     )
     assert (
-        "weights need 30.51 GiB per GPU plus 2.80 GiB for LoRA (spec.lora) plus 2.93 GiB runtime" in message
+        "weights need 30.51 GiB per GPU plus 2.80 GiB for LoRA (spec.lora) plus 3.02 GiB runtime" in message
     )
     assert message.endswith("a smaller maxNumBatchedTokens, fewer LoRA slots or a lower maxLoraRank")

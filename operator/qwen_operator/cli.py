@@ -97,7 +97,10 @@ def _table(r: Review) -> str:
         ),
         ("GPU nodes", d["nodeSelection"]),
         ("Weights per GPU", f"{d['weightsGiBPerGpu']} GiB"),
-        ("Runtime memory per GPU", f"{d['runtimeGiBPerGpu']} GiB (profile peak, non-torch, CUDA graphs)"),
+        (
+            "Runtime memory per GPU",
+            f"{d['runtimeGiBPerGpu']} GiB (profile peak, sampler state, workspaces, non-torch, CUDA graphs)",
+        ),
         *_lora_rows(r),
         ("KV cache per GPU", f"{d['kvCacheGiBPerGpu']} GiB"),
         ("KV bytes per token", f"{d['kvBytesPerToken']:,}"),

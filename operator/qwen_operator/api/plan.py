@@ -3,10 +3,13 @@
 Memory model per GPU, term by term as vLLM 0.32 budgets it at start-up (v1/worker/gpu_worker.py,
 determine_available_memory; docs/capacity-planning.md gives the sources and the calibration):
     usable = GPU memory (CUDA's total) x gpuMemoryUtilization
-    KV budget = usable - weights / (TP x PP) - LoRA slots - profile peak - non-torch memory
-                - CUDA-graph estimate
-where the profile peak is the larger of the dummy forward of maxNumBatchedTokens tokens and the dummy
-sampler pass over maxNumSeqs rows of the vocabulary (measured: tools/measure/activation_peak.py).
+    KV budget = usable - weights / (TP x PP) - LoRA slots - profile peak - sampler state - workspaces
+                - non-torch memory - CUDA-graph estimate
+vLLM 0.32 runs Qwen3 on its Model Runner V2 (v1/worker/gpu/model_runner.py). The profile peak is the
+larger of the dummy forward of maxNumBatchedTokens tokens (measured: tools/measure/activation_peak.py)
+and the dummy sampler pass over maxNumSeqs rows, which under V2 is the logits and their all-gather
+only (measured: tools/measure/compiled_forward.py); the sampler's per-request state is allocated once
+for maxNumSeqs requests. With pipeline parallelism the last stage, which samples, holds the most.
 A replica's KV tokens are the KV budget of its GPUs divided by the KV bytes of one token (each GPU
 holds 1/TP of the KV heads; a draft model's layers share the pool). vLLM refuses to start when one
 sequence of maxModelLen does not fit, so that is the fit criterion; everything that cannot start is an
@@ -37,28 +40,33 @@ from .spec import QwenDeploymentSpec
 # --- Runtime memory per GPU besides weights and KV cache (docs/capacity-planning.md) ---------------
 #: The transient peak of vLLM's profile forward per batched token is measured per model size and tensor
 #: parallel size (catalog.Shape.activation_bytes_per_token, tools/measure/activation_peak.py).
-#: The dummy sampler pass (v1/worker/gpu_model_runner.py, _dummy_sampler_run) over maxNumSeqs rows of
-#: the whole vocabulary: bf16 logits, their float32 copy, probabilities and exponential noise,
-#: measured 14.07 bytes per row per vocabulary entry, at every TP (logits are gathered first).
-SAMPLER_BYTES_PER_LOGIT = 14.07
+#: Bytes of one logit: the lm_head runs in the model's dtype (logits_processor.py _apply_head).
+LOGIT_BYTES = 2
+#: The V2 Sampler's Gumbel-max kernel keeps an int64 and a float32 value per row and per block of this
+#: many vocabulary entries (v1/worker/gpu/sample/gumbel.py gumbel_sample).
+GUMBEL_BLOCK = 1024
+#: Per request slot (maxNumSeqs of them), the V2 Sampler's 4-byte state besides the vocabulary-sized rows
+#: (penalties.py output_bin_counts: one per vocabulary entry; prompt_bin_mask and structured_outputs.py
+#: grammar_bitmask: one per 32 entries each): logit_bias.py's allowed token ids, bias token ids and
+#: biases (3 x 1,024) and stop token ids (128), bad_words.py's token ids and offsets (1,024 + 129),
+#: logprob.py's requested token ids (128) and the structured-output logits index (1).
+SAMPLER_STATE_SLOT_INTS = 3 * 1024 + 128 + 1024 + 129 + 128 + 1
+#: The cuBLAS/cuBLASLt workspaces, persistent torch allocations made by the profile's first GEMMs:
+#: 33 MiB measured on the H200 (tools/measure/runtime_terms.py).
+CUBLAS_WORKSPACE_BYTES = 33 * 2**20
 #: What vLLM charges besides the transient peak is what the profile leaves behind after its init
 #: snapshot (v1/worker/gpu_worker.py init_device takes that snapshot after NCCL and the custom all-reduce
 #: are set up, so their buffers come out of the (1 - gpuMemoryUtilization) headroom, not the budget).
-#: Persistent torch allocations: the cuBLAS/cuBLASLt workspaces, 33 MiB measured on the H200
-#: (tools/measure/runtime_terms.py), and the Triton top-k/top-p buffer the sampler's native pass caches
-#: (v1/sample/ops/topk_topp_triton.py: min(next_pow2(rows), SMs) x vocabulary x 4 B).
-CUBLAS_WORKSPACE_BYTES = 33 * 2**20
-#: SMs sizing that Triton buffer: 132 on H100 SXM and H200 (measured); GPUs with more SMs keep a larger
-#: one (188 on RTX PRO 6000: 33 MiB more), GPUs with fewer a smaller one.
-SAMPLER_BUFFER_SMS = 132
 #: The non-torch increase over the profile pass (cuBLAS handles, lazily loaded kernel modules): 68 MiB
-#: measured on the H200 from a snapshot after the CUDA context (tools/measure/runtime_terms.py). vLLM's own
-#: kernels (Triton, FlashAttention) add their modules; NCCL does not, being set up before the snapshot.
+#: measured on the H200 from a snapshot after the CUDA context (tools/measure/runtime_terms.py); the
+#: Inductor-compiled forward adds none (tools/measure/compiled_forward.py).
 NON_TORCH_BYTES = 68 * 2**20
-#: CUDA-graph memory vLLM estimates and takes out of the KV budget since 0.21
-#: (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1): the 1.86 GiB a vLLM 0.26 log shows for Qwen3-32B at
-#: TP 1 with the default capture sizes (largest 512). Zero with --enforce-eager. Taken for every size:
-#: no log of a smaller one was found, and its graphs hold smaller activations (an overestimate there).
+#: CUDA-graph memory vLLM 0.32 takes out of the KV budget (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1, the
+#: default): Model Runner V2 captures every PIECEWISE graph and two FULL ones into a throwaway pool and
+#: extrapolates (v1/worker/gpu/cudagraph_utils.py profile_cudagraph_memory). 1.86 GiB is what a vLLM 0.26
+#: log shows the capture of Qwen3-32B at TP 1 took with the default capture sizes (largest 512). Zero
+#: with --enforce-eager. Taken for every size: no log of a smaller one was found, and its graphs hold
+#: smaller activations (an overestimate there).
 CUDA_GRAPH_BYTES = int(1.86 * GIB)
 #: vLLM allocates the KV cache in blocks of 16 tokens.
 KV_BLOCK_TOKENS = 16
@@ -112,11 +120,13 @@ class Yarn:
 
 @dataclass(frozen=True)
 class RuntimeMemory:
-    """What vLLM takes per GPU besides weights and KV cache, term by term (bytes)."""
+    """What vLLM takes per GPU besides weights and KV cache, term by term (bytes): on the last pipeline
+    stage, which holds the most (the engine sizes every stage's KV cache to the smallest budget)."""
 
     forward_bytes: int  # dummy forward of maxNumBatchedTokens tokens
     sampler_bytes: int  # dummy sampler pass over maxNumSeqs rows (plus the forward's hidden states)
-    persistent_bytes: int  # torch allocations the profile leaves behind (workspaces, sampler buffer)
+    sampler_state_bytes: int  # the sampler's state for maxNumSeqs requests, allocated once
+    persistent_bytes: int  # other torch allocations after the snapshot: workspaces, PP receive buffers
     non_torch_bytes: int
     cuda_graph_bytes: int
 
@@ -127,7 +137,13 @@ class RuntimeMemory:
 
     @property
     def total_bytes(self) -> int:
-        return self.profile_peak_bytes + self.persistent_bytes + self.non_torch_bytes + self.cuda_graph_bytes
+        return (
+            self.profile_peak_bytes
+            + self.sampler_state_bytes
+            + self.persistent_bytes
+            + self.non_torch_bytes
+            + self.cuda_graph_bytes
+        )
 
 
 @dataclass
@@ -426,17 +442,47 @@ def activation_bytes_per_token(model: ModelInfo, tp: int) -> int:
     return measured if measured is not None else dict(model.activation_bytes_per_token)[1]
 
 
+def sampler_pass_bytes(model: ModelInfo, tp: int, max_num_batched_tokens: int, rows: int) -> int:
+    """The V2 dummy sampler pass (v1/worker/gpu/model_runner.py _dummy_sampler_run) on one GPU: the
+    dummy requests need no logits processing, so the Sampler makes no float32 copy and applies no
+    top-k/top-p; the peak is compute_logits'. At TP > 1 every rank all-gathers the logits shards
+    (use_all_gather is true on CUDA): the shard, the gathered buffer and its permuted copy
+    (device_communicators/cuda_communicator.py all_gather) are alive at once, 1/TP + 2 times the logits.
+    The forward's hidden states and the rows picked from them stay alive meanwhile (profile_run)."""
+    logits = rows * model.vocab_size * LOGIT_BYTES
+    gathered = logits if tp == 1 else logits // tp + 2 * logits
+    gumbel = rows * -(-model.vocab_size // GUMBEL_BLOCK) * (8 + 4)
+    hidden = (max_num_batched_tokens + rows) * model.hidden_size * 2
+    return gathered + gumbel + hidden
+
+
+def sampler_state_bytes(model: ModelInfo, max_num_seqs: int) -> int:
+    """The V2 Sampler's per-request state, allocated on the GPU for maxNumSeqs requests when the model
+    loads (after vLLM's snapshot and outside "Model loading took"): 4 bytes per vocabulary entry for the
+    output-token counts of penalties, two bitmasks of the vocabulary, SAMPLER_STATE_SLOT_INTS more."""
+    bitmask = -(-model.vocab_size // 32)
+    return max_num_seqs * 4 * (model.vocab_size + 2 * bitmask + SAMPLER_STATE_SLOT_INTS)
+
+
 def runtime_memory(
-    model: ModelInfo, tp: int, max_num_batched_tokens: int, max_num_seqs: int, cuda_graphs: bool = True
+    model: ModelInfo,
+    tp: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    cuda_graphs: bool = True,
+    pp: int = 1,
 ) -> RuntimeMemory:
-    """vLLM 0.32's non-weight, non-KV memory on one GPU of a replica (docs/capacity-planning.md)."""
+    """vLLM 0.32's non-weight, non-KV memory on one GPU of a replica's last pipeline stage
+    (docs/capacity-planning.md)."""
     rows = min(max_num_seqs, max_num_batched_tokens)  # _dummy_run samples at most one row per token
-    hidden = max_num_batched_tokens * model.hidden_size * 2  # the forward's output, alive while sampling
-    sampler_buffer_rows = min(1 << (rows - 1).bit_length(), SAMPLER_BUFFER_SMS)
+    # Stages after the first receive hidden states and residual into persistent buffers of
+    # maxNumBatchedTokens rows (model_runner.py load_model, make_empty_intermediate_tensors).
+    receive_buffers = 2 * max_num_batched_tokens * model.hidden_size * 2 if pp > 1 else 0
     return RuntimeMemory(
         forward_bytes=max_num_batched_tokens * activation_bytes_per_token(model, tp),
-        sampler_bytes=int(SAMPLER_BYTES_PER_LOGIT * rows * model.vocab_size) + hidden,
-        persistent_bytes=CUBLAS_WORKSPACE_BYTES + sampler_buffer_rows * model.vocab_size * 4,
+        sampler_bytes=sampler_pass_bytes(model, tp, max_num_batched_tokens, rows),
+        sampler_state_bytes=sampler_state_bytes(model, max_num_seqs),
+        persistent_bytes=CUBLAS_WORKSPACE_BYTES + receive_buffers,
         non_torch_bytes=NON_TORCH_BYTES,
         cuda_graph_bytes=CUDA_GRAPH_BYTES if cuda_graphs else 0,
     )
@@ -460,7 +506,7 @@ def _compute_memory(plan: Plan, spec: QwenDeploymentSpec, model: ModelInfo, gpu:
     plan.draft_kv_bytes_per_token = _draft_kv_bytes_per_token(spec, kv_dtype_bytes)
     plan.kv_bytes_per_token = model.kv_bytes_per_token(kv_dtype_bytes) + plan.draft_kv_bytes_per_token
     cuda_graphs = "--enforce-eager" not in e.extra_args
-    runtime = runtime_memory(model, tp, e.max_num_batched_tokens, e.max_num_seqs, cuda_graphs)
+    runtime = runtime_memory(model, tp, e.max_num_batched_tokens, e.max_num_seqs, cuda_graphs, pp)
     plan.runtime = runtime
     if spec.lora is not None:
         plan.lora = lora_memory(
@@ -519,7 +565,8 @@ def _runtime_terms(runtime: RuntimeMemory, batched_tokens: int, seqs: int) -> st
         else f"sampler over {seqs} sequences {gib(runtime.sampler_bytes)}"
     )
     return (
-        f"{peak}, workspaces {gib(runtime.persistent_bytes)}, non-torch {gib(runtime.non_torch_bytes)}, "
+        f"{peak}, sampler state {gib(runtime.sampler_state_bytes)}, workspaces "
+        f"{gib(runtime.persistent_bytes)}, non-torch {gib(runtime.non_torch_bytes)}, "
         f"CUDA graphs {gib(runtime.cuda_graph_bytes)}"
     )
 

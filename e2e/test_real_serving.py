@@ -31,6 +31,7 @@ from qwen_devtools.capacity import CapacityWatch
 from qwen_devtools.devcluster import cluster as devcluster
 from qwen_devtools.devcluster import nodebuild
 from qwen_devtools.devcluster.nodecomponents import NODE_NAME
+from qwen_devtools.net import http_get
 from qwen_devtools.operator_proc import audit_writes
 from qwen_devtools.realparts.lora import write_random_lora
 from qwen_devtools.wait import wait_until
@@ -517,7 +518,17 @@ def _limit_a_key_to_one_adapter(served: Served) -> None:
         assert status == 403 and error["error"]["code"] == "model_not_allowed", (model, status, error)
         assert error["error"]["message"].endswith("it may use: sql."), error
     assert _ask(served, "poet")[0] == 200
+    assert _listed(served, limited) == {"sql"}
+    assert _listed(served, served.key) == {"Qwen/Qwen3-32B", "sql", "poet"}
     print("[lora] a key limited to `sql` gets 403 for `poet` and the base model, 200 for `sql`")
+
+
+def _listed(served: Served, key: str) -> set[str]:
+    """The model ids the gateway's /v1/models lists for `key`."""
+    headers = {"Authorization": f"Bearer {key}"}
+    status, body = http_get(f"{served.url}/v1/models", 10, headers, serving.CLUSTER_NETWORKS)
+    assert status == 200, body
+    return {card["id"] for card in json.loads(body)["data"]}
 
 
 def test_lora_adapters_are_loaded_and_removed_without_restarting_the_engine(served: Served) -> None:

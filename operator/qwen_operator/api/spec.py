@@ -986,6 +986,8 @@ class RateLimit(Model):
     burst: int = Field(default=50, ge=0, le=100_000, description="Requests above the rate allowed at once.")
 
 
+#: Characters of a model name that a rule of spec.gateway.modelAccess cannot name (nginx quoting).
+_UNQUOTABLE = frozenset("$'\"\\")
 #: An API key's id: a data key of the API-key Secret, as run-nginx.sh accepts it.
 KeyId = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9._-]+$")]
 #: Model names clients send: spec.model's served name or an adapter's name.
@@ -1246,6 +1248,13 @@ class QwenDeploymentSpec(Model):
                         f"gateway.modelAccess[{i}].models[{j}]",
                         f"{model!r} is neither the base model's served name nor an adapter's name; this "
                         f"deployment serves: {', '.join(known)}",
+                    )
+                if set(model) & _UNQUOTABLE:
+                    # nginx.conf quotes the names in its 403 message and maps
+                    raise field_error(
+                        f"gateway.modelAccess[{i}].models[{j}]",
+                        f"{model!r} contains one of {' '.join(sorted(_UNQUOTABLE))}, which the gateway's "
+                        "configuration cannot quote: set spec.model.servedModelName to a name without them",
                     )
         return self
 

@@ -4,6 +4,7 @@ with; every Dockerfile's public base as the default of a build argument; the ima
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.machinery
 import importlib.util
 import io
@@ -19,6 +20,7 @@ from types import ModuleType
 import pytest
 import yaml
 
+from qwen_devtools import gotools, keda
 from qwen_devtools.generate.image_requirements import runtime_closure
 from qwen_devtools.images import NAMES, SPECS, archive_path, image_key, read_archive
 from qwen_devtools.images.specs import (
@@ -244,6 +246,13 @@ EXPECTED_CONFIG = {
     "prometheus-operator": (("/bin/operator",), (), "65534:65534"),
     "prometheus-config-reloader": (("/bin/prometheus-config-reloader",), (), "65534:65534"),
     "prometheus-adapter": (("/adapter",), (), "65534:65534"),
+    # upstream's Dockerfile and Dockerfile.adapter at v2.21.0 (distroless nonroot)
+    "keda": (("/keda", "--zap-log-level=info", "--zap-encoder=console"), (), "65532:65532"),
+    "keda-metrics-apiserver": (
+        ("/keda-adapter", "--secure-port=6443", "--zap-log-level=info", "--zap-encoder=console"),
+        (),
+        "65532:65532",
+    ),
     # the upstream images' entrypoints (the gateway pod passes only args to them)
     "nginxlog-exporter": (("/prometheus-nginxlog-exporter",), (), ""),
     "nginx-exporter": (("/usr/bin/nginx-prometheus-exporter",), (), "65534:65534"),
@@ -263,6 +272,83 @@ def test_a_built_archive_has_the_entrypoint_cmd_and_user(name: str) -> None:
         assert image.env["LD_PRELOAD"].endswith("/libtcmalloc_minimal.so.4")
         assert image.env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
         assert "HF_HUB_OFFLINE" not in image.env
+
+
+# --- KEDA (qwen_devtools.keda): stand-ins of upstream's images around programs built from its module --------
+
+#: image name -> (upstream reference without the tag, binary, main package of the module)
+KEDA_IMAGES = {
+    "keda": ("ghcr.io/kedacore/keda", "keda", "./cmd/operator"),
+    "keda-metrics-apiserver": ("ghcr.io/kedacore/keda-metrics-apiserver", "keda-adapter", "./cmd/adapter"),
+}
+
+
+@pytest.mark.parametrize("name", list(KEDA_IMAGES))
+def test_keda_images_are_upstreams_references_around_the_pinned_programs(name: str) -> None:
+    repository, binary, package = KEDA_IMAGES[name]
+    spec = SPECS[name]
+    tag = versions.KEDA.removeprefix("v")  # KEDA's images are tagged 2.21.0 for the tag v2.21.0
+    assert spec.ref == f"{repository}:{tag}"
+    assert spec.ref in {versions.KEDA_IMAGE, versions.KEDA_METRICS_APISERVER_IMAGE}
+    assert spec.pins == {"MODULE": versions.KEDA_MODULE, "VERSION": versions.KEDA}
+    assert spec.base_arg is None and spec.program is not None
+    assert keda.PROGRAMS[binary] == package
+    assert name in keda.IMAGES
+    lines = list(dockerfile_lines((REPO / spec.dockerfile).read_text()))
+    assert lines[0] == "FROM scratch" and sum(line.startswith("FROM ") for line in lines) == 1
+    # the program's directory is the named context `program` (images/build.py)
+    assert f"COPY --from=program {binary} /{binary}" in lines
+    (entrypoint,) = [json.loads(line.split(maxsplit=1)[1]) for line in lines if line.startswith("ENTRYPOINT")]
+    (user,) = [line.split()[1] for line in lines if line.startswith("USER ")]
+    assert not [line for line in lines if line.startswith("CMD ")]
+    assert (tuple(entrypoint), (), user) == EXPECTED_CONFIG[name]
+    assert entrypoint[0] == f"/{binary}"
+
+
+def test_keda_programs_are_stamped_as_a_release_of_the_pin() -> None:
+    stamp = keda.version_stamp().split()
+    module = versions.KEDA_MODULE
+    assert stamp == [f"-X={module}/version.GitCommit={versions.KEDA}", f"-X={module}/version.Version=2.21.0"]
+    assert versions.KEDA_MODULE == "github.com/kedacore/keda/v2" and versions.KEDA.startswith("v2.")
+
+
+def test_the_keda_images_differ_in_key_and_follow_the_pin(tmp_path: Path) -> None:
+    keys = {name: content_key(SPECS[name], "base-1") for name in KEDA_IMAGES}
+    assert len(set(keys.values())) == 2
+    other = dataclasses.replace(SPECS["keda"], pins={**SPECS["keda"].pins, "VERSION": "v2.21.1"})
+    assert content_key(other, "base-1") != keys["keda"]
+
+
+def test_every_image_around_a_go_program_is_listed_as_a_stand_in() -> None:
+    readme = (IMAGES / "README.md").read_text()
+    for spec in SPECS.values():
+        if spec.program:
+            assert f"| `{spec.ref}` | [{spec.dockerfile.parent.name}/Dockerfile]" in readme, spec.name
+
+
+def _fake_go(tmp_path: Path, version: str, toolchain: str = "local") -> str:
+    """A `go` whose `go env GOVERSION GOTOOLCHAIN` answers as a Go of ``version`` would."""
+    go = tmp_path / "go"
+    go.write_text(f"#!/bin/sh\nprintf '%s\\n%s\\n' {version} {toolchain}\n")
+    go.chmod(0o755)
+    return str(go)
+
+
+def test_a_go_older_than_the_modules_go_line_is_refused_with_the_release_to_install(tmp_path: Path) -> None:
+    module = tmp_path / "module"
+    module.mkdir()
+    (module / "go.mod").write_text("module example.com/m\n\ngo 1.26.0\n\nrequire example.com/x v1.0.0\n")
+    assert gotools.go_directive((module / "go.mod").read_text()) == "1.26.0"
+    gotools.require_go(_fake_go(tmp_path, "go1.26.8"), module, "m")
+    gotools.require_go(_fake_go(tmp_path, "go1.26rc1"), module, "m")  # a pre-release counts as 1.26
+    with pytest.raises(gotools.GoTooOld, match=r"Go 1\.26\.0 or newer \(to build m; .* is go1\.25\.9\)"):
+        gotools.require_go(_fake_go(tmp_path, "go1.25.9"), module, "m")
+    assert issubclass(gotools.GoTooOld, gotools.GoMissing)  # callers that skip without Go skip too
+    # with GOTOOLCHAIN=auto the go command fetches the release itself
+    gotools.require_go(_fake_go(tmp_path, "go1.25.9", "auto"), module, "m")
+    (module / "go.mod").write_text("module example.com/m\n\ngo 1.27\n")
+    with pytest.raises(gotools.GoTooOld):
+        gotools.require_go(_fake_go(tmp_path, "go1.26.8"), module, "m")
 
 
 def _vllm_script() -> ModuleType:

@@ -2,26 +2,37 @@
 cmd/adapter) built from the Go module github.com/kedacore/keda/v2 at the pinned tag, and the test-only
 images at the upstream paths (images/keda, images/keda-metrics-apiserver) that the real node runs.
 
-    python -m qwen_devtools.keda build                # both programs and both images (cached)
+    python -m qwen_devtools.keda build                # programs, images, roles, eventing CRDs (cached)
     python -m qwen_devtools.keda programs             # only the programs; prints their paths
+    python -m qwen_devtools.keda generate             # only the roles and eventing CRDs; prints their dir
     python -m qwen_devtools.keda load --name NAME     # the images into a dev cluster's real node
 
 The programs are static (CGO off) and stamped as KEDA's Makefile stamps a release (`version.Version`
 without the tag's "v", `version.GitCommit`); the keda.sh CRDs come from qwen_devtools.monitoringstack.
-The Deployments, RBAC and APIService that run them are not here (see docs/autoscaling.md).
+The operator's ClusterRole and Role are generated from the `+kubebuilder:rbac` markers of that Go
+source, and the eventing.keda.sh CRDs the operator also watches from its API types; the Deployments, the
+adapter's RBAC and the APIService that run them are not here (docs/autoscaling.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from qwen_operator.versions import KEDA, KEDA_MODULE
+import yaml
 
-from .gotools import go_program
+from qwen_operator.versions import CONTROLLER_TOOLS, KEDA, KEDA_MODULE
+
+from .cache import cache_dir
+from .gotools import GoMissing, find_go, go_program, module_source, writable_copy
 
 #: The cache directory's name: ``<cache>/keda-<tag>/{keda,keda-adapter}``.
 CACHE_NAME = "keda"
@@ -31,6 +42,14 @@ ADAPTER_BINARY = "keda-adapter"
 PROGRAMS = {OPERATOR_BINARY: "./cmd/operator", ADAPTER_BINARY: "./cmd/adapter"}
 #: The images (qwen_devtools.images names), the operator's first.
 IMAGES = ("keda", "keda-metrics-apiserver")
+#: The operator's roles as KEDA's `make manifests` generates them (its CONTROLLER_GEN_PATHS), and its
+#: eventing CRDs with the options of that target.
+OPERATOR_ROLE = "keda-operator"
+RBAC_PATHS = ("./apis/...", "./controllers/...", "./pkg/...")
+EVENTING_APIS = "./apis/eventing/v1alpha1/."
+EVENTING_CRD_OPTIONS = "crd:crdVersions=v1,generateEmbeddedObjectMeta=true"
+#: Bump when the generation changes in a way the versions do not show.
+GENERATED_RECIPE = 1
 
 
 def log(message: str) -> None:
@@ -70,13 +89,78 @@ def metrics_apiserver_bin() -> Path:
     return _program(ADAPTER_BINARY)
 
 
+def generated_dir() -> Path:
+    """Where the roles and CRDs generated for the pinned versions are (a MANIFEST file marks them done)."""
+    return cache_dir() / f"keda-generated-{KEDA}-cg{CONTROLLER_TOOLS}-r{GENERATED_RECIPE}"
+
+
+def generate() -> Path:
+    """What KEDA's `make manifests` generates with controller-gen from its Go source and the keda.sh CRDs
+    of qwen_devtools.monitoringstack leave out, once (about 10 s; cached):
+
+    - ``role.yaml``: the operator's ClusterRole `keda-operator` and its Role in namespace `keda` (leases,
+      Secrets), from the `+kubebuilder:rbac` markers (``rbac:roleName=keda-operator`` over
+      CONTROLLER_GEN_PATHS; the same file as the module's config/rbac/role.yaml);
+    - the eventing.keda.sh CRDs (CloudEventSource, ClusterCloudEventSource) of ./apis/eventing/v1alpha1:
+      the operator starts their controllers unconditionally, so a cluster that runs it needs them.
+    """
+    out = generated_dir()
+    if (out / "MANIFEST").is_file():
+        return out
+    go = find_go()
+    if not go:
+        raise GoMissing("Go (to generate KEDA's roles and eventing CRDs)")
+    from .monitoringstack import controller_gen_bin  # the CRDs' controller-gen, built once
+
+    controller_gen = str(controller_gen_bin())
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(Path(go).parent), os.environ.get("PATH", "")]),  # go/packages runs go
+        "GOFLAGS": f"{os.environ.get('GOFLAGS', '')} -mod=mod".strip(),
+        "CGO_ENABLED": "0",
+        "GOWORK": "off",
+    }
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = writable_copy(module_source(go, KEDA_MODULE, KEDA), Path(tmp) / "src")
+        for argv in (
+            [
+                f"rbac:roleName={OPERATOR_ROLE}",
+                *(f"paths={p}" for p in RBAC_PATHS),
+                f"output:rbac:dir={partial}",
+            ],
+            [EVENTING_CRD_OPTIONS, f"paths={EVENTING_APIS}", f"output:crd:dir={partial}"],
+        ):
+            subprocess.run([controller_gen, *argv], cwd=work, check=True, env=env)
+    files = sorted(path.name for path in partial.glob("*.yaml"))
+    manifest = {"keda": KEDA, "controller-tools": CONTROLLER_TOOLS, "files": files}
+    (partial / "MANIFEST").write_text(json.dumps(manifest, indent=1))
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
+    log(f"roles and eventing CRDs generated from KEDA's Go source: {out}")
+    return out
+
+
+def operator_roles() -> list[dict[str, Any]]:
+    """The generated ClusterRole `keda-operator` and the Role of the same name in namespace `keda`."""
+    return [dict(doc) for doc in yaml.safe_load_all((generate() / "role.yaml").read_text()) if doc]
+
+
+def eventing_crd_files() -> list[Path]:
+    """The generated eventing.keda.sh CRDs (`<group>_<plural>.yaml`, as controller-gen names them)."""
+    return sorted(generate().glob("eventing.keda.sh_*.yaml"))
+
+
 def build() -> None:
-    """Both programs and both images, built once (cached)."""
+    """Both programs, both images, the operator's roles and the eventing CRDs, built once (cached)."""
     from . import images  # podman is only needed here
 
     started = time.monotonic()
     for name in IMAGES:
         images.ensure_image(name)
+    generate()
     log(f"built ({time.monotonic() - started:.0f}s)")
 
 
@@ -97,8 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("build", help="the two Go programs and their images (cached)")
+    commands.add_parser(
+        "build", help="the two Go programs, their images, the roles and eventing CRDs (cached)"
+    )
     commands.add_parser("programs", help="only the two Go programs (cached); prints their paths")
+    commands.add_parser("generate", help="only the operator's roles and the eventing CRDs (cached)")
     load = commands.add_parser("load", help="import the images into a dev cluster's real node")
     load.add_argument("--name", default="dev", help="dev cluster name (default: dev)")
     args = parser.parse_args(argv)
@@ -106,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "programs":
             print(operator_bin())
             print(metrics_apiserver_bin())
+        elif args.command == "generate":
+            print(generate())
         elif args.command == "build":
             build()
         else:

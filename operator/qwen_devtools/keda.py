@@ -1,6 +1,6 @@
 """KEDA for the dev cluster: its operator (`keda`, cmd/operator) and metrics API server (`keda-adapter`,
 cmd/adapter) built from the Go module github.com/kedacore/keda/v2 at the pinned tag, and the test-only
-images at the upstream paths (images/keda, images/keda-metrics-apiserver) that the real node runs.
+images at the upstream paths (images/keda, images/keda-metrics-apiserver) for the real node.
 
     python -m qwen_devtools.keda build                # programs, images, roles, eventing CRDs (cached)
     python -m qwen_devtools.keda programs             # only the programs; prints their paths

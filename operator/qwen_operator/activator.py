@@ -48,6 +48,10 @@ log = logging.getLogger("qwen.activator")
 WAIT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 180, 240, 300, 450, 600, 900, 1200, 1800, 3600)
 #: Above nginx's client_max_body_size (16 MiB): nginx refuses larger bodies before they get here.
 MAX_BODY_BYTES = 32 * 2**20
+#: Bodies held in memory at once, at most: half the container's memory limit (manifests/gateway.py), so
+#: that a few huge prompts cannot get the sidecar, and every request it holds, killed. A typical chat
+#: body is kilobytes; a 128K-token prompt about 0.5 MB.
+HELD_BYTES_BUDGET = 128 * 2**20
 KEEPALIVE_COMMENT = b": waiting for an engine\n\n"
 #: Headers not passed between the connections (RFC 9110 hop-by-hop, and lengths aiohttp sets itself).
 HOP_BY_HOP = frozenset(
@@ -134,6 +138,7 @@ class Activator:
         self.metrics = Metrics()
         self.waiting: list[Waiter] = []  # sorted by arrival
         self.active = 0  # requests in this process: held, or being forwarded
+        self.held_bytes = 0  # their bodies
         self._seq = itertools.count()
         self._someone_waits = asyncio.Event()
 
@@ -191,13 +196,22 @@ class Activator:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.active += 1
+        body = await request.read()
+        self.held_bytes += len(body)
         try:
-            return await self._handle(request)
+            return await self._handle(request, body)
         finally:
             self.active -= 1
+            self.held_bytes -= len(body)
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
+    async def _handle(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        if self.held_bytes > HELD_BYTES_BUDGET:
+            self.metrics.rejected.inc()
+            return self._error(
+                "overloaded",
+                "The requests waiting in this gateway pod for an engine to start fill its memory; "
+                "retry later.",
+            )
         if len(self.waiting) >= self.s.max_held:
             self.metrics.rejected.inc()
             return self._error(

@@ -268,3 +268,22 @@ def test_a_stopping_activator_finishes_what_it_holds(engine: Engine) -> None:
         response = answer.result(30)
         assert response.status_code == 200, response.text
         assert activator.popen.wait(10) == 0
+
+
+def test_a_held_request_the_engine_refuses_gets_the_engines_own_error(engine: Engine) -> None:
+    """max_tokens over the context: the engine's 400 passes unchanged; a held stream, already answered
+    200, gets the engine's error as an event (the simulator streams it so; vLLM answers 400, which the
+    activator turns into the same event)."""
+    with _stack() as stack, ThreadPoolExecutor(1) as pool:
+        plain = pool.submit(_post, stack, _chat("Too long", max_tokens=5000))
+        _wait_held(stack, 1)
+        stream = StreamReader(_post(stack, _chat("Too long, streamed", stream=True, max_tokens=5000)))
+        _wait_held(stack, 2)
+        engine.start(stack)
+        response = plain.result(30)
+        assert response.status_code == 400, response.text
+        assert "maximum context length" in response.json()["error"]["message"]
+        assert stream.done.wait(30)
+        events = stream.data()
+        assert "maximum context length" in json.loads(events[0].removeprefix("data: "))["error"]["message"]
+        assert events[-1] == "data: [DONE]"

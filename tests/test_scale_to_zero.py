@@ -4,10 +4,16 @@ its scrape port). The held requests themselves, with real processes: test_gatewa
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from qwen_devtools.realparts.gateway import loopback_wiring, write_secret_volume
+from qwen_devtools.realparts.nginx import nginx_check
 from qwen_operator import cli
 from qwen_operator.api import coldstart
 from qwen_operator.api.crd import crd
@@ -192,3 +198,44 @@ def test_nginx_sends_only_the_routers_own_503_of_a_post_to_the_activator() -> No
     h = r.holding
     assert h is not None
     assert f"proxy_read_timeout {h.hold_seconds + r.plan.request_timeout_seconds}s;" in overloaded
+
+
+ACCESS = {"apiKeysSecret": "keys", "modelAccess": [{"apiKeys": ["team-b"], "models": ["Qwen/Qwen3-32B"]}]}
+
+
+@pytest.mark.parametrize("gateway", [None, ACCESS], ids=["keys", "model-access"])
+def test_nginx_accepts_the_rendered_config_at_zero(gateway: dict[str, Any] | None, tmp_path: Path) -> None:
+    wiring = loopback_wiring(tmp_path, [])
+    config = Path(wiring.config_dir)
+    config.mkdir(parents=True)
+    for name, text in config_files(to_zero(gateway=gateway), wiring).items():
+        (config / name).write_text(text)
+    write_secret_volume(Path(wiring.api_keys_dir), {"team-a": "sk-0123456789abcdef"})
+    subprocess.run(["/bin/sh", str(config / "run-nginx.sh"), "render"], check=True, capture_output=True)
+    result = nginx_check(config / "nginx.conf")
+    assert result.returncode == 0, result.stderr
+    assert "[warn]" not in result.stderr, result.stderr
+
+
+def test_a_listing_at_zero_shows_each_key_the_models_it_may_use() -> None:
+    lora = {
+        "adapters": [
+            {"name": "sql", "source": {"huggingFace": {"repo": "org/sql-lora", "revision": "a" * 40}}}
+        ]
+    }
+    body = example("a100-80gb-tp2-bf16")
+    body["spec"].pop("replicas", None)
+    body["spec"]["lora"] = lora
+    body["spec"]["autoscaling"] = {"minReplicas": 0, "maxReplicas": 2, **KEDA}
+    body["spec"]["gateway"] = {
+        "apiKeysSecret": "keys",
+        "modelAccess": [{"apiKeys": ["team-b"], "models": ["sql"]}],
+    }
+    conf = config_files(review(body))["nginx.conf"]
+    block = conf[conf.index("map $access_group $models_at_zero") :]
+    entries = dict(re.findall(r"^\s+(\S+) '(.*)\\n';$", block[: block.index("}\n")], re.M))
+    everyone = [m["id"] for m in json.loads(entries["default"])["data"]]
+    limited = json.loads(entries['"m0"'])["data"]
+    assert everyone == ["Qwen/Qwen3-32B", "sql"]
+    assert [m["id"] for m in limited] == ["sql"] and limited[0]["parent"] == "Qwen/Qwen3-32B"
+    assert "return 200 $models_at_zero;" in conf

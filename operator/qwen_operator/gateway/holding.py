@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import json
+
 from ..api.review import Review
+from .access import access_groups
 from .wiring import POD, Wiring
 
 #: Seconds between SSE comments to a held stream: below the idle timeouts of common proxies and load
@@ -37,3 +40,32 @@ def hold_read_timeout(review: Review) -> int:
     """nginx's read timeout towards the activator: the longest hold, then the longest request."""
     h = review.holding
     return review.plan.request_timeout_seconds + (h.hold_seconds if h else 0)
+
+
+def _model_list(review: Review, names: list[str]) -> str:
+    base = review.resource.spec.served_model_name
+    cards = [
+        {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "vllm",
+            "parent": None if name == base else base,
+            "max_model_len": review.plan.max_model_len,
+        }
+        for name in names
+    ]
+    return json.dumps({"object": "list", "data": cards}, separators=(",", ":"))
+
+
+def models_at_zero(review: Review) -> dict[str, str] | None:
+    """What GET /v1/models answers while no engine is ready, by access group ("": keys not limited),
+    in the shape of vLLM's list: every key sees the names it may use, no engine wakes. None (the
+    listing gets 503) when a name would need escaping in nginx.conf's single-quoted text."""
+    spec = review.resource.spec
+    lists = {"": _model_list(review, spec.model_names)}
+    for group in access_groups(spec):
+        lists[group.id] = _model_list(review, [m for m in spec.model_names if m in group.models])
+    if any(set("$'\\") & set(text) for text in lists.values()):
+        return None
+    return lists

@@ -20,7 +20,7 @@ from .errors import (
     GatewayError,
     nginx_errors,
 )
-from .holding import hold_read_timeout
+from .holding import hold_read_timeout, models_at_zero
 from .limits import Limits
 from .wiring import POD, Wiring
 
@@ -122,6 +122,7 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
         "request_timeout": review.plan.request_timeout_seconds,
         "hold": qd.spec.scales_to_zero,
         "hold_read_timeout": hold_read_timeout(review),
+        "models_at_zero": models_at_zero(review) if qd.spec.scales_to_zero else None,
         "drain": review.plan.gateway_drain_seconds,
         "connect_timeout": g.connect_timeout_seconds,
         "rate_per_minute": limits.rate_per_minute,

@@ -285,6 +285,8 @@ class Activator:
         """The request to the router; its answer relayed, or None for the router's own 503 (no engine)."""
         url = f"{self.s.router_url}{request.path_qs}"
         headers = forwarded_headers(request.headers.items())
+        if stream is not None:  # its headers are sent: the events must come as they are, not compressed
+            headers = {k: v for k, v in headers.items() if k.lower() != "accept-encoding"}
         try:
             upstream = await self.session.request(request.method, url, headers=headers, data=body)
         except aiohttp.ClientError as error:
@@ -343,7 +345,10 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     """Both listeners until `stop` is set."""
     timeout = aiohttp.ClientTimeout(total=None, connect=5)
     # Never a proxy from the environment: the router is on loopback.
-    async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as session:
+    # No cap on connections to the router (aiohttp's default is 100): every released request is forwarded
+    # at once, and a long stream must not keep the next one waiting; max_held bounds them.
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
         activator = Activator(settings, session)
         held = web.Application(client_max_size=MAX_BODY_BYTES)
         held.router.add_route("*", "/{path:.*}", activator.handle)

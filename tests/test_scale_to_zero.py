@@ -239,3 +239,18 @@ def test_a_listing_at_zero_shows_each_key_the_models_it_may_use() -> None:
     assert everyone == ["Qwen/Qwen3-32B", "sql"]
     assert [m["id"] for m in limited] == ["sql"] and limited[0]["parent"] == "Qwen/Qwen3-32B"
     assert "return 200 $models_at_zero;" in conf
+
+
+def test_the_client_routes_are_the_same_as_above_zero() -> None:
+    """Nothing on the path of a request that engines serve changes: only the router's 503 goes elsewhere."""
+
+    def client_route(min_replicas: int) -> str:
+        body = example("a100-80gb-tp2-bf16")
+        body["spec"].pop("replicas", None)
+        body["spec"]["autoscaling"] = {"minReplicas": min_replicas, "maxReplicas": 2, **KEDA}
+        conf = config_files(review(body))["nginx.conf"]
+        start = conf.index("location ~ ^/v1/(chat/completions|completions|models)$")
+        return conf[start : conf.index("\n        }\n", start)]
+
+    assert client_route(0) == client_route(1)
+    assert "error_page 503 = @overloaded;" in client_route(0)

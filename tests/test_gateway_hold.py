@@ -292,3 +292,15 @@ def test_a_held_request_the_engine_refuses_gets_the_engines_own_error(engine: En
         events = stream.data()
         assert "maximum context length" in json.loads(events[0].removeprefix("data: "))["error"]["message"]
         assert events[-1] == "data: [DONE]"
+
+
+def test_without_its_activator_the_gateway_still_answers_json() -> None:
+    """The activator container restarting: a request that would be held gets a JSON 503, not nginx's
+    HTML 502."""
+    with _stack() as stack:
+        stack.procs["activator"].stop()
+        response = _post(stack, _chat("Anyone there?"), timeout=30)
+        assert response.status_code == 503, response.text
+        assert response.headers["Content-Type"] == "application/json"
+        assert response.json()["error"]["code"] == "no_engine_available"
+        assert response.headers["Retry-After"] == "1"

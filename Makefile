@@ -21,7 +21,7 @@ setup: $(VENV)/.installed ## venv, system packages, vLLM CPU env, dev cluster an
 	bash tools/system-packages.sh
 	$(PY) -m qwen_devtools.provision
 
-setup-demo: $(VENV)/.installed ## what `make demo` needs: setup without the monitoring stack (the tests build it on first use)
+setup-demo: $(VENV)/.installed ## what `make demo` needs: setup without the monitoring stack and KEDA (the tests build them on first use)
 	bash tools/system-packages.sh
 	$(PY) -m qwen_devtools.provision --demo
 

@@ -4,6 +4,7 @@ with; every Dockerfile's public base as the default of a build argument; the ima
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.machinery
 import importlib.util
 import io
@@ -19,6 +20,7 @@ from types import ModuleType
 import pytest
 import yaml
 
+from qwen_devtools import keda
 from qwen_devtools.generate.image_requirements import runtime_closure
 from qwen_devtools.images import NAMES, SPECS, archive_path, image_key, read_archive
 from qwen_devtools.images.specs import (
@@ -244,6 +246,13 @@ EXPECTED_CONFIG = {
     "prometheus-operator": (("/bin/operator",), (), "65534:65534"),
     "prometheus-config-reloader": (("/bin/prometheus-config-reloader",), (), "65534:65534"),
     "prometheus-adapter": (("/adapter",), (), "65534:65534"),
+    # upstream's Dockerfile and Dockerfile.adapter at v2.21.0 (distroless nonroot)
+    "keda": (("/keda", "--zap-log-level=info", "--zap-encoder=console"), (), "65532:65532"),
+    "keda-metrics-apiserver": (
+        ("/keda-adapter", "--secure-port=6443", "--zap-log-level=info", "--zap-encoder=console"),
+        (),
+        "65532:65532",
+    ),
     # the upstream images' entrypoints (the gateway pod passes only args to them)
     "nginxlog-exporter": (("/prometheus-nginxlog-exporter",), (), ""),
     "nginx-exporter": (("/usr/bin/nginx-prometheus-exporter",), (), "65534:65534"),
@@ -263,6 +272,51 @@ def test_a_built_archive_has_the_entrypoint_cmd_and_user(name: str) -> None:
         assert image.env["LD_PRELOAD"].endswith("/libtcmalloc_minimal.so.4")
         assert image.env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
         assert "HF_HUB_OFFLINE" not in image.env
+
+
+# --- KEDA (qwen_devtools.keda): stand-ins of upstream's images around programs built from its module --------
+
+#: image name -> (upstream reference without the tag, binary, main package of the module)
+KEDA_IMAGES = {
+    "keda": ("ghcr.io/kedacore/keda", "keda", "./cmd/operator"),
+    "keda-metrics-apiserver": ("ghcr.io/kedacore/keda-metrics-apiserver", "keda-adapter", "./cmd/adapter"),
+}
+
+
+@pytest.mark.parametrize("name", list(KEDA_IMAGES))
+def test_keda_images_are_upstreams_references_around_the_pinned_programs(name: str) -> None:
+    repository, binary, package = KEDA_IMAGES[name]
+    spec = SPECS[name]
+    tag = versions.KEDA.removeprefix("v")  # KEDA's images are tagged 2.21.0 for the tag v2.21.0
+    assert spec.ref == f"{repository}:{tag}"
+    assert spec.ref in {versions.KEDA_IMAGE, versions.KEDA_METRICS_APISERVER_IMAGE}
+    assert spec.pins == {"MODULE": versions.KEDA_MODULE, "VERSION": versions.KEDA}
+    assert spec.base_arg is None and spec.program is not None
+    assert keda.PROGRAMS[binary] == package
+    assert name in keda.IMAGES
+    lines = list(dockerfile_lines((REPO / spec.dockerfile).read_text()))
+    assert lines[0] == "FROM scratch" and sum(line.startswith("FROM ") for line in lines) == 1
+    # the program's directory is the named context `program` (images/build.py)
+    assert f"COPY --from=program {binary} /{binary}" in lines
+    (entrypoint,) = [json.loads(line.split(maxsplit=1)[1]) for line in lines if line.startswith("ENTRYPOINT")]
+    (user,) = [line.split()[1] for line in lines if line.startswith("USER ")]
+    assert not [line for line in lines if line.startswith("CMD ")]
+    assert (tuple(entrypoint), (), user) == EXPECTED_CONFIG[name]
+    assert entrypoint[0] == f"/{binary}"
+
+
+def test_the_keda_images_differ_in_key_and_follow_the_pin(tmp_path: Path) -> None:
+    keys = {name: content_key(SPECS[name], "base-1") for name in KEDA_IMAGES}
+    assert len(set(keys.values())) == 2
+    other = dataclasses.replace(SPECS["keda"], pins={**SPECS["keda"].pins, "VERSION": "v2.21.1"})
+    assert content_key(other, "base-1") != keys["keda"]
+
+
+def test_every_image_around_a_go_program_is_listed_as_a_stand_in() -> None:
+    readme = (IMAGES / "README.md").read_text()
+    for spec in SPECS.values():
+        if spec.program:
+            assert f"| `{spec.ref}` | [{spec.dockerfile.parent.name}/Dockerfile]" in readme, spec.name
 
 
 def _vllm_script() -> ModuleType:

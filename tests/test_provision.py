@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen_devtools import monitoringstack, provision
+from qwen_devtools import keda, monitoringstack, provision
 from qwen_devtools.images import NAMES, SERVING
 from qwen_devtools.repo import REPO
 from qwen_devtools.require import missing
@@ -31,13 +31,14 @@ def steps_of(module: str) -> list[list[str]]:
 def test_the_lanes_build_every_image_once() -> None:
     built = [name for argv in steps_of("qwen_devtools.images") for name in argv[2:]]
     built += list(monitoringstack.IMAGES)  # `monitoringstack build` builds its own four
+    built += list(keda.IMAGES)  # and `keda build` its two
     assert sorted(built) == sorted(NAMES)
 
 
-def test_the_demos_lanes_are_setups_without_the_monitoring_stack() -> None:
+def test_the_demos_lanes_are_setups_without_the_monitoring_stack_and_keda() -> None:
     for lane, steps in provision.LANES.items():
         assert provision.DEMO_LANES[lane] == tuple(
-            s for s in steps if s[1][2] != "qwen_devtools.monitoringstack"
+            s for s in steps if s[1][2] not in {"qwen_devtools.monitoringstack", "qwen_devtools.keda"}
         )
     built = [
         name
@@ -46,10 +47,11 @@ def test_the_demos_lanes_are_setups_without_the_monitoring_stack() -> None:
         if argv[2] == "qwen_devtools.images"
         for name in argv[4:]
     ]
-    # exactly what `make demo` loads into the real node (serving.load_images), nothing of the monitoring stack
+    # exactly what `make demo` loads into the real node (serving.load_images), nothing of the monitoring
+    # stack or KEDA
     assert sorted(built) == sorted(SERVING)
-    assert not set(SERVING) & set(monitoringstack.IMAGES)
-    assert sorted([*SERVING, *monitoringstack.IMAGES]) == sorted(NAMES)
+    assert not set(SERVING) & {*monitoringstack.IMAGES, *keda.IMAGES}
+    assert sorted([*SERVING, *monitoringstack.IMAGES, *keda.IMAGES]) == sorted(NAMES)
 
 
 def test_the_lanes_run_every_setup_tool_and_the_engine_image_after_the_vllm_venv() -> None:
@@ -63,6 +65,7 @@ def test_the_lanes_run_every_setup_tool_and_the_engine_image_after_the_vllm_venv
             "qwen_devtools.realparts.exporters",
             "qwen_devtools.images",
             "qwen_devtools.monitoringstack",
+            "qwen_devtools.keda",
         ]
     )
     assert steps_of("qwen_devtools.devcluster") == [

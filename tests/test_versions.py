@@ -42,6 +42,7 @@ SKIP_DIRS = {".git", ".venv", ".devcluster", "__pycache__", "node_modules"}
 OTHER_VERSIONS_ON_PURPOSE = {
     "docs/capacity-planning.md",
     "tools/measure/activation_peak.out.txt",
+    "tools/measure/compiled_forward.out.txt",
     "tools/measure/runtime_terms.out.txt",
 }
 

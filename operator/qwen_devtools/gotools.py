@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -24,6 +25,10 @@ _GO_FALLBACK = Path("/usr/local/go/bin/go")
 
 class GoMissing(RuntimeError):
     """A Go program is not cached yet and this machine has no Go toolchain to build it."""
+
+
+class GoTooOld(GoMissing):
+    """The module's go.mod asks for a newer Go than this machine's (which downloads no toolchain)."""
 
 
 def find_go() -> str | None:
@@ -68,6 +73,33 @@ def module_source(go: str, module: str, version: str) -> Path:
     return Path(json.loads(info.stdout)["Dir"])
 
 
+def _release(version: str) -> tuple[int, ...]:
+    """(1, 26, 0) of `go1.26`, `1.26.0` or `go1.26rc1` (a pre-release counts as its release)."""
+    numbers = [int(part) for part in re.findall(r"\d+", version.removeprefix("go").split("rc")[0])]
+    return tuple([*numbers, 0, 0, 0][:3])
+
+
+def go_directive(go_mod: str) -> str | None:
+    """The `go` line of a go.mod's text (`1.26.0`), the least Go release that builds the module."""
+    found = re.search(r"^go\s+(\S+)\s*$", go_mod, flags=re.MULTILINE)
+    return found.group(1) if found else None
+
+
+def require_go(go: str, src: Path, what: str) -> None:
+    """GoTooOld when the module at ``src`` (``what``: its name for the message) needs a newer Go.
+
+    The Go installed here has GOTOOLCHAIN=local (its go.env): it builds with itself or refuses, and
+    never downloads the release a go.mod asks for; this says which release to install instead. With
+    another GOTOOLCHAIN the go command fetches the release itself, and a `toolchain` line is only a
+    preference: neither is checked.
+    """
+    wanted = go_directive((src / "go.mod").read_text())
+    env = subprocess.run([go, "env", "GOVERSION", "GOTOOLCHAIN"], check=True, capture_output=True, text=True)
+    have, toolchain = env.stdout.split()
+    if wanted and toolchain == "local" and _release(have) < _release(wanted):
+        raise GoTooOld(f"Go {wanted} or newer (to build {what}; {go} is {have})")
+
+
 def writable_copy(src: Path, dest: Path, drop_replace: tuple[str, ...] = (), go: str | None = None) -> Path:
     """A writable copy of a module's source at ``dest``; its go.mod loses the ``drop_replace`` replaces.
 
@@ -107,6 +139,7 @@ def build_go_module(
     """
     print(f"[gotools] building {module}@{version} {package} into {out}", flush=True)
     src = module_source(go, module, version)
+    require_go(go, src, f"{module}@{version}")
     with tempfile.TemporaryDirectory() as tmp:
         work = writable_copy(src, Path(tmp) / "src", drop_replace, go)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -9,10 +9,11 @@ side, the waiting hides under the compiling. Warm, every step is a no-op of a se
 
     lane "cluster": devcluster build --real-node
     lane "images":  vllm_env; images operator, gateway, engine-cpu; exporters; their import into the
-                    real node's image store (devcluster preload); monitoring stack
+                    real node's image store (devcluster preload); monitoring stack; KEDA
 
-`make demo` runs the lanes without the monitoring stack (``--demo``): the demo serves no Prometheus, and
-on 2 cores the stack's Go builds would slow the Kubernetes compile that the demo waits for. The tests
+`make demo` runs the lanes without the monitoring stack and KEDA (``--demo``): the demo serves no
+Prometheus and does not scale to zero, and on 2 cores their Go builds would slow the Kubernetes compile
+that the demo waits for. The tests
 (`make setup`, which `make test` and `.ci/run` run) build it after the demo's parts, with the same lines.
 
 The lanes share nothing a step writes (the Go module and build caches are safe for concurrent use,
@@ -23,7 +24,7 @@ name and exit status.
 
     python -m qwen_devtools.provision            # both lanes (what `make setup` runs)
     python -m qwen_devtools.provision --serial   # one step at a time, in lane order
-    python -m qwen_devtools.provision --demo     # what `make demo` runs: no monitoring stack
+    python -m qwen_devtools.provision --demo     # what `make demo` runs: no monitoring stack, no KEDA
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ MONITORING = (
     "monitoring stack: CRDs, programs, images",
     [*DEVTOOLS, "qwen_devtools.monitoringstack", "build"],
 )
+#: KEDA's operator and metrics API server, built from its Go module: the scaler that takes engines to
+#: zero and back on the dev cluster. Not in DEMO_LANES either.
+KEDA = ("KEDA: operator, metrics API server, images", [*DEVTOOLS, "qwen_devtools.keda", "build"])
+#: Steps of the tests only: not in DEMO_LANES.
+TESTS_ONLY = (MONITORING, KEDA)
 #: Each lane's steps in order: (what, argv). Later steps of a lane may need earlier ones (the engine
 #: image copies the vLLM venv; the exporters' images hold the exporters built just before).
 LANES: dict[str, Steps] = {
@@ -72,11 +78,12 @@ LANES: dict[str, Steps] = {
             [*DEVTOOLS, "qwen_devtools.devcluster", "preload"],
         ),
         MONITORING,
+        KEDA,
     ),
 }
-#: What `make demo` needs: the lanes without the monitoring stack.
+#: What `make demo` needs: the lanes without the monitoring stack and KEDA.
 DEMO_LANES: dict[str, Steps] = {
-    lane: tuple(step for step in steps if step is not MONITORING) for lane, steps in LANES.items()
+    lane: tuple(step for step in steps if step not in TESTS_ONLY) for lane, steps in LANES.items()
 }
 
 
@@ -188,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--serial", action="store_true", help="one step at a time, in lane order")
     parser.add_argument(
-        "--demo", action="store_true", help="only what `make demo` uses (no monitoring stack)"
+        "--demo", action="store_true", help="only what `make demo` uses (no monitoring stack, no KEDA)"
     )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through run's cleanup

@@ -1,4 +1,5 @@
-"""`qwen-operator`: run the operator or its lora-sync sidecar, or plan and render QwenDeployments offline.
+"""`qwen-operator`: run the operator or its sidecars (lora-sync, activator), or plan and render
+QwenDeployments offline.
 
 Planning and rendering serve reviews, GitOps and CI.
 
@@ -25,6 +26,7 @@ from .api.engine import ENGINE_PORT
 from .api.lorafile import DESIRED_FILE, SIDECAR_PORT
 from .api.review import Review, review
 from .api.spec import KIND, SpecError
+from .gateway.wiring import POD
 from .leader import (
     LEASE_NAME,
     LEASE_SECONDS,
@@ -121,6 +123,7 @@ def _table(r: Review) -> str:
             "Drain on shutdown",
             f"engine {d['drainSeconds']['engine']} s, gateway {d['drainSeconds']['gateway']} s",
         ),
+        *_scale_to_zero_rows(d),
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
@@ -128,6 +131,20 @@ def _table(r: Review) -> str:
     if r.command:
         lines.append("Engine: " + " ".join(_quote(a) for a in r.command))
     return "\n".join(lines)
+
+
+def _scale_to_zero_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
+    z = d.get("scaleToZero")
+    if not z:
+        return []
+    return [
+        ("Scale to zero", f"after {z['idleSeconds']} s idle; cold start ~{z['expectedColdStartSeconds']} s"),
+        (
+            "Requests held at zero",
+            f"up to {z['maxHeldRequests']} ({z['maxHeldPerGatewayPod']} per gateway pod), "
+            f"{z['holdSeconds']} s each at most",
+        ),
+    ]
 
 
 def _lora_rows(r: Review) -> list[tuple[str, str]]:
@@ -297,6 +314,81 @@ def _add_lora_sync(sub: Any) -> None:
     sync.set_defaults(func=cmd_lora_sync)
 
 
+def cmd_activator(args: argparse.Namespace) -> int:
+    from . import activator  # aiohttp's server is not needed by the other commands
+
+    if args.hold_seconds <= 0 or args.max_held < 1 or args.keepalive_seconds <= 0 or args.poll_seconds <= 0:
+        raise UsageError(
+            "--hold-seconds, --keepalive-seconds and --poll-seconds must be positive, --max-held >= 1"
+        )
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    settings = activator.Settings(
+        router_url=args.router.rstrip("/"),
+        hold_seconds=args.hold_seconds,
+        max_held=args.max_held,
+        retry_after_seconds=args.retry_after,
+        keepalive_seconds=args.keepalive_seconds,
+        poll_seconds=args.poll_seconds,
+        host=args.host,
+        port=args.port,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+    )
+    return activator.run(settings)
+
+
+def _add_activator(sub: Any) -> None:
+    a = sub.add_parser(
+        "activator",
+        help="gateway sidecar: hold requests while no engine is ready (autoscaling.minReplicas 0)",
+        description="Run beside nginx and vllm-router in a gateway pod whose engines scale to zero. nginx "
+        "sends here only the requests the router answered 503 for want of a ready engine; they wait, in "
+        "arrival order, until the router's /readiness reports an engine, and are then forwarded to the "
+        "router. Streams get 200 at once and SSE comments while they wait. Beyond --max-held requests, or "
+        "after --hold-seconds, a JSON 503 with Retry-After (an error event in a stream). Serves /metrics, "
+        '/scale (JSON {"held": n}, for KEDA\'s metrics-api scaler) and /healthz on the metrics port.',
+    )
+    a.add_argument(
+        "--router",
+        default=f"http://{POD.router_host}:{POD.router_port}",
+        metavar="URL",
+        help="vllm-router (default: %(default)s)",
+    )
+    a.add_argument("--hold-seconds", type=float, required=True, help="longest wait of one request")
+    a.add_argument("--max-held", type=int, required=True, help="requests held at once in this pod")
+    a.add_argument(
+        "--retry-after",
+        type=int,
+        default=10,
+        metavar="SECONDS",
+        help="Retry-After of the 503s (default: %(default)s)",
+    )
+    a.add_argument(
+        "--keepalive-seconds",
+        type=float,
+        default=5.0,
+        help="seconds between SSE comments (default: %(default)g)",
+    )
+    a.add_argument(
+        "--poll-seconds",
+        type=float,
+        default=1.0,
+        help="seconds between readiness polls (default: %(default)g)",
+    )
+    a.add_argument(
+        "--host", default="127.0.0.1", help="address nginx sends held requests to (default: %(default)s)"
+    )
+    a.add_argument("--port", type=int, default=POD.activator_port, help="(default: %(default)s)")
+    a.add_argument(
+        "--metrics-host", default="0.0.0.0", help="address of /metrics, /scale (default: %(default)s)"
+    )
+    a.add_argument(
+        "--metrics-port", type=int, default=POD.activator_metrics_port, help="(default: %(default)s)"
+    )
+    a.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    a.set_defaults(func=cmd_activator)
+
+
 def _election(args: argparse.Namespace) -> Election | None:
     """The Lease to contend for, or None without leader election (by default: outside a cluster, where
     Kubernetes sets no KUBERNETES_SERVICE_HOST, e.g. a developer's `qwen-operator run`)."""
@@ -412,6 +504,7 @@ def parser() -> argparse.ArgumentParser:
     _add_leader_election(run)
     run.set_defaults(func=cmd_run)
     _add_lora_sync(sub)
+    _add_activator(sub)
     return p
 
 

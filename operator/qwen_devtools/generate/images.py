@@ -53,6 +53,75 @@ def _rows() -> list[tuple[str, str, str, str]]:
     ]
 
 
+_STAND_INS_HEAD = "| Image | Dockerfile | Program (static, from its Go module) | Run by |\n|---|---|---|---|"
+
+
+def _stand_ins() -> list[tuple[str, str, str, str]]:
+    """Images built here FROM scratch around one upstream program, tagged as the upstream image:
+    (image, directory under images/, `module@version` and main package, what runs it)."""
+    v = versions
+    gateway = "every gateway pod"
+    monitoring = "the dev cluster's monitoring stack ([docs/dev-cluster.md](../docs/dev-cluster.md))"
+    keda = "KEDA in the dev cluster ([docs/autoscaling.md](../docs/autoscaling.md#keda-in-the-dev-cluster))"
+    operator = f"{v.PROMETHEUS_OPERATOR_MODULE}@{v.PROMETHEUS_OPERATOR}"
+    return [
+        (
+            v.LOG_EXPORTER_IMAGE,
+            "nginxlog-exporter",
+            f"{v.NGINXLOG_EXPORTER_MODULE}@{v.NGINXLOG_EXPORTER} .",
+            gateway,
+        ),
+        (
+            v.NGINX_EXPORTER_IMAGE,
+            "nginx-exporter",
+            f"{v.NGINX_EXPORTER_MODULE}@{v.NGINX_EXPORTER} .",
+            gateway,
+        ),
+        (
+            v.PROMETHEUS_IMAGE,
+            "prometheus-server",
+            f"{v.PROMETHEUS_MODULE}@{v.PROMETHEUS_MODULE_VERSION} ./cmd/prometheus",
+            monitoring,
+        ),
+        (v.PROMETHEUS_OPERATOR_IMAGE, "prometheus-operator", f"{operator} ./cmd/operator", monitoring),
+        (
+            v.PROMETHEUS_CONFIG_RELOADER_IMAGE,
+            "prometheus-config-reloader",
+            f"{operator} ./cmd/prometheus-config-reloader",
+            monitoring,
+        ),
+        (
+            v.PROMETHEUS_ADAPTER_IMAGE,
+            "prometheus-adapter",
+            f"{v.PROMETHEUS_ADAPTER_MODULE}@{v.PROMETHEUS_ADAPTER} ./cmd/adapter",
+            monitoring,
+        ),
+        (v.KEDA_IMAGE, "keda", f"{v.KEDA_MODULE}@{v.KEDA} ./cmd/operator", keda),
+        (
+            v.KEDA_METRICS_APISERVER_IMAGE,
+            "keda-metrics-apiserver",
+            f"{v.KEDA_MODULE}@{v.KEDA} ./cmd/adapter",
+            keda,
+        ),
+    ]
+
+
+def _stand_in_rows() -> str:
+    return "\n".join(
+        f"| `{image}` | [{name}/Dockerfile]({name}/Dockerfile) | `{program}` | {where} |"
+        for image, name, program, where in _stand_ins()
+    )
+
+
+_STAND_INS_TEXT = """
+## Stand-ins of upstream images (dev cluster only)
+
+No registry is reachable on the dev machines, so the upstream images the gateway pods and the dev
+cluster's monitoring stack and KEDA run are stood in for by images of the same reference: `FROM scratch`
+with the same program at the pinned version, built here from its Go module, and the upstream image's
+entrypoint and user. A user's cluster pulls the upstream images.
+"""
+
 _TEXT = """
 The operator image installs `requirements.txt`: every runtime dependency pinned to the version the
 test suite ran with, and the gateway image vllm-router's closure as installed in the vLLM CPU venv
@@ -75,4 +144,5 @@ its Dockerfile, the files it copies, the base or a pinned version changes.
 def images_readme() -> str:
     rows = "\n".join(f"| `{image}` | {source} | {where} | {what} |" for image, source, where, what in _rows())
     header = markdown_comment("operator/qwen_operator/versions.py")
-    return f"# Images\n\n{header}\n\n{_TABLE_HEAD}\n{rows}\n{_TEXT}"
+    stand_ins = f"{_STAND_INS_TEXT}\n{_STAND_INS_HEAD}\n{_stand_in_rows()}\n"
+    return f"# Images\n\n{header}\n\n{_TABLE_HEAD}\n{rows}\n{_TEXT}{stand_ins}"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from qwen_operator import versions
 
+from ..keda import metrics_apiserver_bin, operator_bin
 from ..realparts.exporters import nginx_exporter_bin, nginxlog_exporter_bin
 from ..repo import REPO
 from ..vllm_env import vllm_venv
@@ -152,11 +153,20 @@ SPECS: dict[str, ImageSpec] = {
             versions.PROMETHEUS_ADAPTER,
             _monitoring("adapter_bin"),
         ),
+        # KEDA, the scaler that wakes engines from zero (qwen_devtools.keda).
+        _go_program_image("keda", versions.KEDA_IMAGE, versions.KEDA_MODULE, versions.KEDA, operator_bin),
+        _go_program_image(
+            "keda-metrics-apiserver",
+            versions.KEDA_METRICS_APISERVER_IMAGE,
+            versions.KEDA_MODULE,
+            versions.KEDA,
+            metrics_apiserver_bin,
+        ),
     )
 }
 NAMES = tuple(SPECS)
 #: The images of a served QwenDeployment (what `make demo` and the real-node tests load); the others are
-#: the monitoring stack's, built when it is first used (qwen_devtools.monitoringstack).
+#: the monitoring stack's and KEDA's, built when first used (qwen_devtools.monitoringstack, .keda).
 SERVING = ("operator", "gateway", "engine-cpu", "nginxlog-exporter", "nginx-exporter")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 import time
 import urllib.parse
@@ -87,6 +88,11 @@ class GatewayStack:
     def nginx_metrics_url(self) -> str:
         return self._url(self.wiring.nginx_metrics_port) + "/metrics"
 
+    @property
+    def activator_url(self) -> str:
+        """The activator's metrics port (/metrics, /scale), present with autoscaling.minReplicas 0."""
+        return self._url(self.wiring.activator_metrics_port)
+
     def add_worker(self, engine_url: str, timeout: float = 30.0) -> None:
         """What vllm-router's Kubernetes discovery does when an engine pod turns Ready (its own
         add_worker); back once the router's health check has passed the engine."""
@@ -117,7 +123,7 @@ class GatewayStack:
 
 def loopback_wiring(root: Path, worker_urls: Sequence[str]) -> Wiring:
     """The pod's wiring with free loopback ports, directories under root and static engine URLs."""
-    ports = free_ports(7)
+    ports = free_ports(9)
     return Wiring(
         bind_host=LOOPBACK,
         http_port=ports[0],
@@ -126,6 +132,8 @@ def loopback_wiring(root: Path, worker_urls: Sequence[str]) -> Wiring:
         router_metrics_port=ports[3],
         log_metrics_port=ports[4],
         nginx_metrics_port=ports[5],
+        activator_port=ports[6],
+        activator_metrics_port=ports[7],
         config_dir=str(root / "config"),
         api_keys_dir=str(root / "secrets" / "api-keys"),
         engine_key_file=str(root / "secrets" / "engine-key" / "token"),
@@ -133,6 +141,8 @@ def loopback_wiring(root: Path, worker_urls: Sequence[str]) -> Wiring:
         temp_dir=str(root / "tmp"),
         log_dir=str(root / "log"),
         worker_urls=tuple(worker_urls),
+        # No engine at start (a deployment scaled to zero): engines join later through add_worker.
+        discover_engines=False,
     )
 
 
@@ -145,7 +155,8 @@ def start_gateway_stack(
     timeout: float = 60.0,
     edit: Callable[[str, str], str] | None = None,
 ) -> GatewayStack:
-    """Start the gateway for `review` in front of running engines; the caller must call stop().
+    """Start the gateway for `review` in front of running engines (none: engines join through
+    add_worker, as Kubernetes discovery adds them); the caller must call stop().
 
     Runs exactly the rendered files (nginx.conf, run-nginx.sh, nginxlog-exporter.yml) and command lines
     (vllm-router, nginx-prometheus-exporter); only ports, paths and the engine URLs are the test's.
@@ -199,6 +210,12 @@ def _start_gateway_parts(stack: GatewayStack, review: Review, logs: Path, timeou
         logs,
         port=w.nginx_metrics_port,
     )
+    activator_argv = gateway.activator_args(review, w)
+    if activator_argv is not None:
+        # What the pod runs as `qwen-operator activator ...` (the operator's image).
+        cli = [sys.executable, "-m", "qwen_operator.cli", *activator_argv]
+        stack.procs["activator"] = spawn("activator", cli, logs, port=w.activator_metrics_port)
+        wait_ready(stack.procs["activator"], "/healthz", timeout)
     wait_ready(router, "/liveness", timeout)  # --worker-urls: only after every engine is healthy
     wait_ready(exporter, "/metrics", timeout)
     wait_ready(nginx, "/ready", timeout)

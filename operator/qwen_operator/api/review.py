@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .catalog import GIB
+from .coldstart import Holding, check_scale_to_zero, holding
 from .engine import check_extra_args, command_line
 from .plan import Plan, make_plan
 from .pool import NodePool
@@ -39,6 +40,11 @@ class Review:
         """`path: message` of each way the spec does not fit its GPU pool (CapacityFit=False)."""
         return [f"{path}: {message}" for path, message in self.plan.capacity_errors]
 
+    @property
+    def holding(self) -> Holding | None:
+        """The request-holding bounds of autoscaling.minReplicas 0 (None above 0)."""
+        return holding(self.resource.spec, self.plan)
+
     def plan_dict(self) -> dict[str, Any]:
         """The plan as published in `status.plan` and printed by `qwen-operator plan -o json`."""
         p = self.plan
@@ -66,6 +72,7 @@ class Review:
             ),
             "requestTimeoutSeconds": p.request_timeout_seconds,
             "drainSeconds": {"engine": p.engine_drain_seconds, "gateway": p.gateway_drain_seconds},
+            **({"scaleToZero": h.as_dict()} if (h := self.holding) else {}),
             "engineArgs": self.command,
             "warnings": [f"{path}: {msg}" for path, msg in p.warnings],
             "errors": [f"{path}: {msg}" for path, msg in p.errors],
@@ -79,6 +86,7 @@ def review(body: dict[str, Any]) -> Review:
     check_pass_through(resource.spec, plan)
     check_routing(resource.spec, plan)
     check_rate_split(resource.spec, plan)
+    check_scale_to_zero(resource.spec, plan)
     for path, message in check_extra_args(resource.spec.engine.extra_args):
         plan.invalid(path, message)
     command = command_line(resource.spec, plan) if plan.fits else []

@@ -935,6 +935,37 @@ class ScalingBehavior(Model):
     scale_down_period_seconds: int = Field(default=300, ge=15, le=1800, description="Scale-down period.")
 
 
+class ScaleToZero(Model):
+    """Engines at zero replicas after an idle period, and what the gateway does with the requests that
+    arrive then: it holds them (the activator sidecar) until an engine is ready. Applies with
+    autoscaling.minReplicas 0; see docs/autoscaling.md, "Scale to zero"."""
+
+    idle_seconds: int = Field(
+        default=1800,
+        ge=60,
+        le=86_400,
+        description="Seconds without requests after which the engines go to zero. The first request after "
+        "that waits a whole cold start (status.plan.scaleToZero.expectedColdStartSeconds).",
+    )
+    hold_seconds: int | None = Field(
+        default=None,
+        ge=5,
+        le=14_400,
+        description="Longest a request waits in the gateway for an engine to become ready; then a JSON 503 "
+        "with Retry-After (an error event for a stream). Default: twice the expected cold start (weights "
+        "read from the model cache plus the engine's start-up), in whole minutes, at most the engine's "
+        "start-up budget.",
+    )
+    max_held_requests: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Requests the whole gateway holds at once, split across its pods; beyond them a JSON "
+        "503 with Retry-After at once. Default: 2 x maxNumSeqs, what the first engine takes at once "
+        "(a batch running and as many waiting).",
+    )
+
+
 class Autoscaling(Model):
     """Queue-depth autoscaling on the engines' waiting requests (vllm:num_requests_waiting per engine pod,
     read by the HPA as the custom metric qwen_queue_depth)."""
@@ -946,12 +977,24 @@ class Autoscaling(Model):
                     "rule": "!has(self.driver) || self.driver != 'keda' || has(self.prometheusAddress)",
                     "message": "driver keda needs prometheusAddress",
                     "fieldPath": ".prometheusAddress",
-                }
+                },
+                {
+                    "rule": "!has(self.minReplicas) || self.minReplicas > 0 || "
+                    "(has(self.driver) && self.driver == 'keda')",
+                    "message": "minReplicas 0 needs driver keda (the HPA cannot scale to zero)",
+                    "fieldPath": ".minReplicas",
+                },
             ]
         }
     )
 
-    min_replicas: int = Field(default=1, ge=1, le=1000, description="Fewest replicas.")
+    min_replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="Fewest replicas. 0: no engine after scaleToZero.idleSeconds without requests; the "
+        "gateway holds requests while an engine starts (needs driver keda and the gateway).",
+    )
     max_replicas: int = Field(ge=1, le=1000, description="Most replicas.")
     target_queue_depth: int | None = Field(
         default=None,
@@ -969,6 +1012,10 @@ class Autoscaling(Model):
         default=None, description="Prometheus URL (http or https) for the KEDA trigger (driver keda)."
     )
     behavior: ScalingBehavior = Field(default_factory=ScalingBehavior, description="Scaling speed.")
+    scale_to_zero: ScaleToZero = Field(
+        default_factory=ScaleToZero,
+        description="Idle period and request holding of minReplicas 0 (ignored above 0).",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:
@@ -976,7 +1023,18 @@ class Autoscaling(Model):
             raise field_error("minReplicas", f"{self.min_replicas} exceeds maxReplicas ({self.max_replicas})")
         if self.driver == "keda" and not self.prometheus_address:
             raise field_error("prometheusAddress", "driver keda needs prometheusAddress (the Prometheus URL)")
+        if self.min_replicas == 0 and self.driver != "keda":
+            raise field_error(
+                "minReplicas",
+                "minReplicas 0 needs driver: keda; the HPA cannot scale to zero (its HPAScaleToZero "
+                "feature gate is alpha and off on managed clusters)",
+            )
         return self
+
+    @property
+    def to_zero(self) -> bool:
+        """The engines may go to zero replicas: the gateway holds requests while one starts."""
+        return self.min_replicas == 0
 
 
 class RateLimit(Model):
@@ -1175,6 +1233,14 @@ class QwenDeploymentSpec(Model):
                     "fieldPath": ".autoscaling.minReplicas",
                 },
                 {
+                    "rule": "!has(self.autoscaling) || !has(self.autoscaling.minReplicas) || "
+                    "self.autoscaling.minReplicas > 0 || !has(self.gateway) || !has(self.gateway.enabled) || "
+                    "self.gateway.enabled",
+                    "message": "autoscaling.minReplicas 0 needs the gateway, which holds requests while no "
+                    "engine is ready",
+                    "fieldPath": ".gateway.enabled",
+                },
+                {
                     "rule": "!has(self.lora) || !has(self.lora.adapters) || "
                     "!self.lora.adapters.exists(a, has(a.source.path)) || "
                     "(has(self.model.cache) && has(self.model.cache.claimName))",
@@ -1209,7 +1275,17 @@ class QwenDeploymentSpec(Model):
     def _replicas_xor_autoscaling(self) -> QwenDeploymentSpec:
         if self.replicas is not None and self.autoscaling is not None:
             raise field_error("replicas", "set either replicas or autoscaling, not both")
+        if self.scales_to_zero and not self.gateway.enabled:
+            raise field_error(
+                "gateway.enabled",
+                "autoscaling.minReplicas 0 needs the gateway, which holds requests while no engine is ready",
+            )
         return self
+
+    @property
+    def scales_to_zero(self) -> bool:
+        """autoscaling.minReplicas is 0: the gateway runs the activator that holds requests."""
+        return self.autoscaling is not None and self.autoscaling.to_zero
 
     @property
     def served_model_name(self) -> str:

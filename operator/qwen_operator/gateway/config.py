@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ..api.review import Review
 from .exporters import log_exporter_config, nginx_exporter_args
+from .holding import activator_args
 from .limits import Limits
 from .nginx import model_access_script, nginx_conf, run_nginx_script
 from .router import router_args
@@ -31,6 +32,8 @@ class GatewayConfig:
     files: dict[str, str]
     router_args: list[str]
     nginx_exporter_args: list[str]
+    #: `qwen-operator activator ...` (autoscaling.minReplicas 0), else None: no activator container.
+    activator_args: list[str] | None
 
     @staticmethod
     def of(review: Review, wiring: Wiring = POD) -> GatewayConfig:
@@ -48,6 +51,7 @@ class GatewayConfig:
             files=files,
             router_args=router_args(review, wiring, limits),
             nginx_exporter_args=nginx_exporter_args(wiring),
+            activator_args=activator_args(review, wiring),
         )
 
     @property

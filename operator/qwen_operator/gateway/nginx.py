@@ -20,6 +20,7 @@ from .errors import (
     GatewayError,
     nginx_errors,
 )
+from .holding import hold_read_timeout, models_at_zero
 from .limits import Limits
 from .wiring import POD, Wiring
 
@@ -119,6 +120,9 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
         # each proxied request holds a client and an upstream connection
         "worker_connections": max(4096, 4 * limits.in_flight),
         "request_timeout": review.plan.request_timeout_seconds,
+        "hold": qd.spec.scales_to_zero,
+        "hold_read_timeout": hold_read_timeout(review),
+        "models_at_zero": models_at_zero(review) if qd.spec.scales_to_zero else None,
         "drain": review.plan.gateway_drain_seconds,
         "connect_timeout": g.connect_timeout_seconds,
         "rate_per_minute": limits.rate_per_minute,

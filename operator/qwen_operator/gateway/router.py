@@ -40,7 +40,7 @@ def router_args(review: Review, wiring: Wiring = POD, limits: Limits | None = No
     ]  # fmt: skip
     if wiring.worker_urls:
         args += ["--worker-urls", *wiring.worker_urls]
-    else:
+    elif wiring.discover_engines:
         args += [
             "--service-discovery",
             "--selector", *(f"{k}={v}" for k, v in names.selector(qd, "engine").items()),

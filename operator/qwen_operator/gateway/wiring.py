@@ -8,6 +8,8 @@ from dataclasses import dataclass
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 #: Named container ports Prometheus scrapes (the PodMonitor lists them): log exporter, router, nginx.
 GATEWAY_METRICS_PORTS = ("metrics", "router-metrics", "nginx-metrics")
+#: The activator's named port (/metrics, /scale), in the pod only with autoscaling.minReplicas 0.
+ACTIVATOR_METRICS_PORT = "activator"
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,10 @@ class Wiring:
     router_metrics_port: int = 29000
     log_metrics_port: int = 4040
     nginx_metrics_port: int = 9113
+    #: The activator (autoscaling.minReplicas 0): held requests from nginx on loopback, and its /metrics
+    #: and /scale (KEDA's metrics-api scaler) on the pod's address.
+    activator_port: int = 8092
+    activator_metrics_port: int = 9114
     config_dir: str = "/etc/qwen-gateway"
     api_keys_dir: str = "/var/run/secrets/qwen-gateway/api-keys"
     engine_key_file: str = "/var/run/secrets/qwen-gateway/engine-key/token"
@@ -34,6 +40,10 @@ class Wiring:
     log_dir: str = "/var/log/qwen-gateway"
     #: Engines to route to; empty means Kubernetes discovery of the engine pods (the in-cluster case).
     worker_urls: tuple[str, ...] = ()
+    #: False (tests): no discovery either; engines join through the router's add_worker, as discovery
+    #: would add them (vllm-router waits at start-up for every static engine, so one that starts later
+    #: cannot be static).
+    discover_engines: bool = True
 
     @property
     def access_log(self) -> str:

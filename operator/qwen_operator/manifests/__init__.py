@@ -11,7 +11,7 @@ from typing import Any
 from ..api.pool import NodePool
 from ..api.review import Review
 from ..api.rollout import Rollout
-from ..gateway import GATEWAY_METRICS_PORTS, GatewayConfig
+from ..gateway import ACTIVATOR_METRICS_PORT, GATEWAY_METRICS_PORTS, GatewayConfig
 from ..kinds import Skipped, kind_of
 from .engine import build_engine_deployment, build_engine_service
 from .exposure import build_client_service, build_routes
@@ -69,7 +69,8 @@ def build_children(review: Review, facts: ClusterFacts | None = None) -> Childre
     if spec.monitoring.service_monitor:
         objects.append(build_engine_service_monitor(review))
         if spec.gateway.enabled:
-            objects.append(build_gateway_pod_monitor(review, list(GATEWAY_METRICS_PORTS)))
+            ports = [*GATEWAY_METRICS_PORTS, *([ACTIVATOR_METRICS_PORT] if review.holding else [])]
+            objects.append(build_gateway_pod_monitor(review, ports))
     if spec.monitoring.prometheus_rule:
         objects.append(build_prometheus_rule(review))
     kept, skipped = [], []

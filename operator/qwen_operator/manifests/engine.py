@@ -7,6 +7,7 @@ from typing import Any
 
 from .. import names
 from ..api.catalog import DEFAULT_ENGINE_IMAGE
+from ..api.coldstart import startup_budget_seconds
 from ..api.drains import ENGINE_PRESTOP_SECONDS
 from ..api.engine import ENGINE_COMMAND, ENGINE_PORT, engine_args
 from ..api.lorafile import SIDECAR_PORT
@@ -22,21 +23,14 @@ from .meta import metadata
 MODEL_CACHE_PATH = "/models"
 HEALTH_PATH = "/health"
 STARTUP_PROBE_PERIOD = 10
-#: Start-up budget: fixed time for the image, CUDA graphs and warm-up, plus time per GB of checkpoint
-#: files to download (about 100 MB/s) and load; a slow registry or disk should not kill a pod mid-load.
-STARTUP_BASE_SECONDS = 600
-STARTUP_SECONDS_PER_GB = 10
 #: Node disk an engine writes besides an emptyDir model cache: torch.compile, Triton and FlashInfer
 #: caches under $HOME/.cache, logs and the container's writable layer.
 SCRATCH_GIB = 10
 
 
 def startup_seconds(review: Review) -> int:
-    override = review.resource.spec.engine.probes.startup_seconds
-    if override:
-        return override
-    files_gb = review.plan.download_bytes / 1e9
-    return STARTUP_BASE_SECONDS + math.ceil(files_gb * STARTUP_SECONDS_PER_GB)
+    """The startup probe's budget (api/coldstart.py)."""
+    return startup_budget_seconds(review.resource.spec, review.plan)
 
 
 def _env(review: Review) -> list[dict[str, Any]]:

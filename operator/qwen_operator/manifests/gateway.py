@@ -15,12 +15,14 @@ from ..api.drains import gateway_grace_seconds
 from ..api.review import Review
 from ..gateway import (
     ACCESS_LOG_SIZE_LIMIT,
+    ACTIVATOR_METRICS_PORT,
     GATEWAY_METRICS_PORTS,
     SERVICE_ACCOUNT_DIR,
     GatewayConfig,
     router_env,
 )
 from ..gateway.config import LOG_EXPORTER_CONF, RUN_NGINX
+from .lora import operator_image
 from .meta import metadata
 
 RUN_AS = 10001  # the gateway image's user; the exporters run as it too
@@ -157,6 +159,34 @@ def _exporter_containers(config: GatewayConfig) -> list[dict[str, Any]]:
     ]
 
 
+def _activator_containers(config: GatewayConfig) -> list[dict[str, Any]]:
+    """`qwen-operator activator` (the operator's image), only with autoscaling.minReplicas 0: holds the
+    requests that arrive while no engine is ready. No volume, no credentials: nginx and the router are
+    on loopback."""
+    if config.activator_args is None:
+        return []
+    w = config.wiring
+    return [
+        {
+            "name": "activator",
+            "image": operator_image(),
+            "command": ["qwen-operator"],
+            "args": config.activator_args,
+            "ports": [
+                {"name": ACTIVATOR_METRICS_PORT, "containerPort": w.activator_metrics_port, "protocol": "TCP"}
+            ],
+            "livenessProbe": {
+                "httpGet": {"path": "/healthz", "port": ACTIVATOR_METRICS_PORT},
+                "periodSeconds": 20,
+                "timeoutSeconds": 5,
+                "failureThreshold": 3,
+            },
+            "resources": _resources("20m", "64Mi", "256Mi"),
+            "securityContext": _restricted(),
+        }
+    ]
+
+
 def _volumes(review: Review, config: GatewayConfig) -> list[dict[str, Any]]:
     qd = review.resource
     volumes: list[dict[str, Any]] = [
@@ -264,6 +294,7 @@ def build_gateway_deployment(review: Review, config: GatewayConfig) -> dict[str,
             _nginx_container(review, config),
             _router_container(review, config),
             *_exporter_containers(config),
+            *_activator_containers(config),
         ],
         "volumes": _volumes(review, config),
     }

@@ -1,0 +1,98 @@
+"""KEDA built from its Go module (qwen_devtools.keda): the release stamp, the roles and CRDs generated
+from its Go source, and the Go release check its go.mod needs (qwen_devtools.gotools). Its images'
+specs are checked with the others in tests/test_images.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qwen_devtools import gotools, keda
+from qwen_devtools.require import missing
+from qwen_operator import versions
+
+
+def test_keda_programs_are_stamped_as_a_release_of_the_pin() -> None:
+    stamp = keda.version_stamp().split()
+    module = versions.KEDA_MODULE
+    assert stamp == [f"-X={module}/version.GitCommit={versions.KEDA}", f"-X={module}/version.Version=2.21.0"]
+    assert versions.KEDA_MODULE == "github.com/kedacore/keda/v2" and versions.KEDA.startswith("v2.")
+
+
+def test_the_generated_files_are_keyed_by_the_versions_they_come_from() -> None:
+    name = keda.generated_dir().name
+    assert name == f"keda-generated-{versions.KEDA}-cg{versions.CONTROLLER_TOOLS}-r{keda.GENERATED_RECIPE}"
+    # KEDA's own `make manifests` paths and CRD options
+    assert keda.RBAC_PATHS == ("./apis/...", "./controllers/...", "./pkg/...")
+    assert keda.EVENTING_CRD_OPTIONS == "crd:crdVersions=v1,generateEmbeddedObjectMeta=true"
+
+
+def _generated() -> Path:
+    out = keda.generated_dir()
+    # `make setup` generates them (`keda build`): CI fails here, a dev machine skips
+    if not (out / "MANIFEST").is_file():
+        missing(f"KEDA's generated roles and CRDs ({out})", "run python -m qwen_devtools.keda generate")
+    return out
+
+
+def _grants(rules: list[dict[str, list[str]]], group: str, resource: str, verb: str) -> bool:
+    return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules)
+
+
+def test_the_operators_roles_let_it_scale_workloads_and_keep_its_leases() -> None:
+    _generated()
+    roles = {role["kind"]: role for role in keda.operator_roles()}
+    assert sorted(roles) == ["ClusterRole", "Role"]
+    assert {role["metadata"]["name"] for role in roles.values()} == {keda.OPERATOR_ROLE}
+    cluster = roles["ClusterRole"]["rules"]
+    assert _grants(cluster, "*", "*/scale", "update")  # the scale subresource of a ScaledObject's target
+    assert _grants(cluster, "keda.sh", "scaledobjects", "watch")
+    assert _grants(cluster, "keda.sh", "scaledobjects/status", "update")
+    assert _grants(cluster, "autoscaling", "horizontalpodautoscalers", "create")
+    assert _grants(cluster, "apiregistration.k8s.io", "apiservices", "patch")  # its CA bundle
+    namespaced = roles["Role"]
+    assert namespaced["metadata"]["namespace"] == "keda"  # the markers' namespace: bind it where KEDA runs
+    assert _grants(namespaced["rules"], "coordination.k8s.io", "leases", "create")
+    assert _grants(namespaced["rules"], "", "secrets", "create")  # its certificates' Secret
+
+
+def test_the_eventing_crds_the_operator_watches_are_generated() -> None:
+    _generated()
+    names = []
+    for path in keda.eventing_crd_files():
+        (crd,) = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        assert crd["kind"] == "CustomResourceDefinition"
+        annotation = crd["metadata"]["annotations"]["controller-gen.kubebuilder.io/version"]
+        assert annotation == versions.CONTROLLER_TOOLS
+        names.append(crd["metadata"]["name"])
+    assert names == ["cloudeventsources.eventing.keda.sh", "clustercloudeventsources.eventing.keda.sh"]
+
+
+# --- the Go release a module asks for ---------------------------------------------------------------------
+
+
+def _fake_go(tmp_path: Path, version: str, toolchain: str = "local") -> str:
+    """A `go` whose `go env GOVERSION GOTOOLCHAIN` answers as a Go of ``version`` would."""
+    go = tmp_path / "go"
+    go.write_text(f"#!/bin/sh\nprintf '%s\\n%s\\n' {version} {toolchain}\n")
+    go.chmod(0o755)
+    return str(go)
+
+
+def test_a_go_older_than_the_modules_go_line_is_refused_with_the_release_to_install(tmp_path: Path) -> None:
+    module = tmp_path / "module"
+    module.mkdir()
+    (module / "go.mod").write_text("module example.com/m\n\ngo 1.26.0\n\nrequire example.com/x v1.0.0\n")
+    assert gotools.go_directive((module / "go.mod").read_text()) == "1.26.0"
+    gotools.require_go(_fake_go(tmp_path, "go1.26.8"), module, "m")
+    gotools.require_go(_fake_go(tmp_path, "go1.26rc1"), module, "m")  # a pre-release counts as 1.26
+    with pytest.raises(gotools.GoTooOld, match=r"Go 1\.26\.0 or newer \(to build m; .* is go1\.25\.9\)"):
+        gotools.require_go(_fake_go(tmp_path, "go1.25.9"), module, "m")
+    assert issubclass(gotools.GoTooOld, gotools.GoMissing)  # callers that skip without Go skip too
+    # with GOTOOLCHAIN=auto the go command fetches the release itself
+    gotools.require_go(_fake_go(tmp_path, "go1.25.9", "auto"), module, "m")
+    (module / "go.mod").write_text("module example.com/m\n\ngo 1.27\n")
+    with pytest.raises(gotools.GoTooOld):
+        gotools.require_go(_fake_go(tmp_path, "go1.26.8"), module, "m")

@@ -1,0 +1,256 @@
+"""autoscaling.minReplicas 0, offline: the spec's rules, the expected cold start and the holding bounds the
+plan derives from it, and what the gateway renders for it (nginx's hold location, the activator sidecar,
+its scrape port). The held requests themselves, with real processes: test_gateway_hold.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qwen_devtools.realparts.gateway import loopback_wiring, write_secret_volume
+from qwen_devtools.realparts.nginx import nginx_check
+from qwen_operator import cli
+from qwen_operator.api import coldstart
+from qwen_operator.api.crd import crd
+from qwen_operator.api.review import Review, review
+from qwen_operator.api.spec import SpecError
+from qwen_operator.gateway import ACTIVATOR_METRICS_PORT, GatewayConfig, activator_args, config_files
+from qwen_operator.manifests import build_children
+from qwen_operator.manifests.engine import startup_seconds
+from support import example
+
+KEDA = {"driver": "keda", "prometheusAddress": "http://prometheus.monitoring.svc:9090"}
+
+
+def to_zero(
+    name: str = "a100-80gb-tp2-bf16", gateway: dict[str, Any] | None = None, **autoscaling: Any
+) -> Review:
+    """An example switched to autoscaling from zero with KEDA."""
+    body = example(name)
+    body["spec"].pop("replicas", None)
+    body["spec"]["autoscaling"] = {"minReplicas": 0, "maxReplicas": 2, **KEDA, **autoscaling}
+    if gateway is not None:
+        body["spec"]["gateway"] = gateway
+    return review(body)
+
+
+def problems(**autoscaling: Any) -> list[tuple[str, str]]:
+    with pytest.raises(SpecError) as caught:
+        to_zero(**autoscaling)
+    return caught.value.problems
+
+
+# --- the spec -----------------------------------------------------------------------------------------
+
+
+def test_min_replicas_zero_needs_keda() -> None:
+    ((path, message),) = problems(driver="hpa", prometheusAddress=None)
+    assert path == "spec.autoscaling.minReplicas"
+    assert "needs driver: keda" in message
+
+
+def test_min_replicas_zero_needs_the_gateway() -> None:
+    with pytest.raises(SpecError) as caught:
+        to_zero(gateway={"enabled": False})
+    ((path, message),) = caught.value.problems
+    assert path == "spec.gateway.enabled" and "holds requests" in message
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("idleSeconds", 59), ("holdSeconds", 4), ("maxHeldRequests", 0), ("holdSeconds", 14_401)],
+)
+def test_scale_to_zero_bounds(field: str, value: int) -> None:
+    ((path, _),) = problems(scaleToZero={field: value})
+    assert path == f"spec.autoscaling.scaleToZero.{field}"
+
+
+def test_the_crd_refuses_what_the_operator_refuses() -> None:
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    top = {r["fieldPath"]: r["rule"] for r in schema["x-kubernetes-validations"]}
+    assert "self.gateway.enabled" in top[".gateway.enabled"]
+    autoscaling = schema["properties"]["autoscaling"]
+    rules = {r["fieldPath"]: r["rule"] for r in autoscaling["x-kubernetes-validations"]}
+    assert "self.minReplicas > 0" in rules[".minReplicas"] and "'keda'" in rules[".minReplicas"]
+    assert autoscaling["properties"]["minReplicas"]["minimum"] == 0
+    assert set(autoscaling["properties"]["scaleToZero"]["properties"]) == {
+        "idleSeconds",
+        "holdSeconds",
+        "maxHeldRequests",
+    }
+
+
+# --- the plan -----------------------------------------------------------------------------------------
+
+
+def test_expected_cold_start_is_weights_from_the_cache_plus_engine_start() -> None:
+    r = to_zero()
+    files = r.plan.download_bytes
+    expected = coldstart.ENGINE_START_SECONDS + -(-files // int(coldstart.MODEL_CACHE_READ_BYTES_PER_SECOND))
+    h = r.holding
+    assert h is not None
+    assert abs(h.expected_cold_start_seconds - expected) <= 1
+    # Minutes for bf16 32B, well below the probe's ceiling (about 1,255 s).
+    assert 200 < h.expected_cold_start_seconds < startup_seconds(r) / 2
+    smaller = to_zero("l40s-48gb-tp1-awq").holding
+    assert smaller is not None and smaller.expected_cold_start_seconds < h.expected_cold_start_seconds
+
+
+def test_default_hold_is_two_cold_starts_in_minutes_within_the_probe_budget() -> None:
+    h = to_zero().holding
+    assert h is not None
+    assert h.hold_seconds % 60 == 0
+    assert 2 * h.expected_cold_start_seconds <= h.hold_seconds < 2 * h.expected_cold_start_seconds + 60
+    # A probe budget shorter than that bounds both: an engine is restarted after it anyway.
+    body = example("a100-80gb-tp2-bf16")
+    body["spec"].pop("replicas", None)
+    body["spec"]["engine"] = {**body["spec"].get("engine", {}), "probes": {"startupSeconds": 200}}
+    body["spec"]["autoscaling"] = {"minReplicas": 0, "maxReplicas": 2, **KEDA}
+    short = review(body).holding
+    assert short is not None
+    assert (short.expected_cold_start_seconds, short.hold_seconds) == (200, 200)
+
+
+def test_max_held_defaults_to_what_the_first_engine_takes_split_across_gateway_pods() -> None:
+    r = to_zero()
+    h = r.holding
+    assert h is not None
+    assert h.max_held_requests == 2 * r.resource.spec.engine.max_num_seqs
+    assert h.max_held_per_pod == -(-h.max_held_requests // r.resource.spec.gateway.replicas)
+    set_ = to_zero(scaleToZero={"maxHeldRequests": 5, "holdSeconds": 30, "idleSeconds": 600}).holding
+    assert set_ is not None
+    assert (set_.max_held_requests, set_.hold_seconds, set_.idle_seconds) == (5, 30, 600)
+    assert set_.max_held_per_pod == 3  # 5 over 2 gateway pods, rounded up
+
+
+def test_the_plan_warns_that_the_first_request_after_idle_waits_a_cold_start() -> None:
+    r = to_zero()
+    d = r.plan_dict()
+    assert d["scaleToZero"]["expectedColdStartSeconds"] == r.holding.expected_cold_start_seconds  # type: ignore[union-attr]
+    (warning,) = [w for w in d["warnings"] if w.startswith("spec.autoscaling.minReplicas")]
+    assert f"waits about {d['scaleToZero']['expectedColdStartSeconds']} s" in warning
+    short = to_zero(scaleToZero={"holdSeconds": 30}).plan_dict()["warnings"]
+    assert any(w.startswith("spec.autoscaling.scaleToZero.holdSeconds") for w in short)
+    # Above zero: no holding, no warning, no plan entry.
+    body = example("a100-80gb-tp2-bf16")
+    body["spec"].pop("replicas", None)
+    body["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 2, **KEDA}
+    above = review(body)
+    assert above.holding is None and "scaleToZero" not in above.plan_dict()
+    assert not [w for w in above.plan_dict()["warnings"] if "minReplicas" in w]
+
+
+def test_plan_table_shows_the_cold_start() -> None:
+    table = cli._table(to_zero())
+    assert "Scale to zero" in table and "Requests held at zero" in table
+
+
+# --- the gateway --------------------------------------------------------------------------------------
+
+
+def test_only_a_deployment_at_zero_gets_the_activator() -> None:
+    r = to_zero()
+    children = build_children(r).objects
+    gateway = next(
+        o for o in children if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-gateway")
+    )
+    containers = {c["name"]: c for c in gateway["spec"]["template"]["spec"]["containers"]}
+    activator = containers["activator"]
+    assert activator["command"] == ["qwen-operator"]
+    assert activator["args"] == GatewayConfig.of(r).activator_args
+    assert activator["ports"][0]["name"] == ACTIVATOR_METRICS_PORT
+    h = r.holding
+    assert h is not None
+    args = activator["args"]
+    assert args[args.index("--hold-seconds") + 1] == str(h.hold_seconds)
+    assert args[args.index("--max-held") + 1] == str(h.max_held_per_pod)
+    assert args[args.index("--host") + 1] == "127.0.0.1"  # held requests come from nginx only
+    monitor = next(o for o in children if o["kind"] == "PodMonitor")
+    assert ACTIVATOR_METRICS_PORT in [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]]
+
+    serving = review(example("a100-80gb-tp2-bf16"))
+    assert activator_args(serving) is None
+    conf = config_files(serving)["nginx.conf"]
+    assert "activator" not in conf
+
+
+def test_the_activator_accepts_its_rendered_arguments() -> None:
+    args = cli.parser().parse_args(activator_args(to_zero()))
+    assert args.func is cli.cmd_activator
+    assert args.hold_seconds > 0 and args.max_held >= 1
+
+
+def test_nginx_sends_only_the_routers_own_503_of_a_post_to_the_activator() -> None:
+    conf = config_files(to_zero())["nginx.conf"]
+    overloaded = conf[conf.index("location @overloaded") :]
+    overloaded = overloaded[: overloaded.index("location @router_unavailable")]
+    assert '"router|POST" hold;' in conf
+    assert "proxy_pass http://activator$uri$is_args$args;" in overloaded
+    # The in-flight cap and an engine's JSON 503 are answered by nginx, as without holding.
+    assert 'code":"overloaded"' in overloaded and 'code":"no_engine_available"' in overloaded
+    # nginx waits for the activator as long as a hold plus a request may last.
+    r = to_zero()
+    h = r.holding
+    assert h is not None
+    assert f"proxy_read_timeout {h.hold_seconds + r.plan.request_timeout_seconds}s;" in overloaded
+
+
+ACCESS = {"apiKeysSecret": "keys", "modelAccess": [{"apiKeys": ["team-b"], "models": ["Qwen/Qwen3-32B"]}]}
+
+
+@pytest.mark.parametrize("gateway", [None, ACCESS], ids=["keys", "model-access"])
+def test_nginx_accepts_the_rendered_config_at_zero(gateway: dict[str, Any] | None, tmp_path: Path) -> None:
+    wiring = loopback_wiring(tmp_path, [])
+    config = Path(wiring.config_dir)
+    config.mkdir(parents=True)
+    for name, text in config_files(to_zero(gateway=gateway), wiring).items():
+        (config / name).write_text(text)
+    write_secret_volume(Path(wiring.api_keys_dir), {"team-a": "sk-0123456789abcdef"})
+    subprocess.run(["/bin/sh", str(config / "run-nginx.sh"), "render"], check=True, capture_output=True)
+    result = nginx_check(config / "nginx.conf")
+    assert result.returncode == 0, result.stderr
+    assert "[warn]" not in result.stderr, result.stderr
+
+
+def test_a_listing_at_zero_shows_each_key_the_models_it_may_use() -> None:
+    lora = {
+        "adapters": [
+            {"name": "sql", "source": {"huggingFace": {"repo": "org/sql-lora", "revision": "a" * 40}}}
+        ]
+    }
+    body = example("a100-80gb-tp2-bf16")
+    body["spec"].pop("replicas", None)
+    body["spec"]["lora"] = lora
+    body["spec"]["autoscaling"] = {"minReplicas": 0, "maxReplicas": 2, **KEDA}
+    body["spec"]["gateway"] = {
+        "apiKeysSecret": "keys",
+        "modelAccess": [{"apiKeys": ["team-b"], "models": ["sql"]}],
+    }
+    conf = config_files(review(body))["nginx.conf"]
+    block = conf[conf.index("map $access_group $models_at_zero") :]
+    entries = dict(re.findall(r"^\s+(\S+) '(.*)\\n';$", block[: block.index("}\n")], re.M))
+    everyone = [m["id"] for m in json.loads(entries["default"])["data"]]
+    limited = json.loads(entries['"m0"'])["data"]
+    assert everyone == ["Qwen/Qwen3-32B", "sql"]
+    assert [m["id"] for m in limited] == ["sql"] and limited[0]["parent"] == "Qwen/Qwen3-32B"
+    assert "return 200 $models_at_zero;" in conf
+
+
+def test_the_client_routes_are_the_same_as_above_zero() -> None:
+    """Nothing on the path of a request that engines serve changes: only the router's 503 goes elsewhere."""
+
+    def client_route(min_replicas: int) -> str:
+        body = example("a100-80gb-tp2-bf16")
+        body["spec"].pop("replicas", None)
+        body["spec"]["autoscaling"] = {"minReplicas": min_replicas, "maxReplicas": 2, **KEDA}
+        conf = config_files(review(body))["nginx.conf"]
+        start = conf.index("location ~ ^/v1/(chat/completions|completions|models)$")
+        return conf[start : conf.index("\n        }\n", start)]
+
+    assert client_route(0) == client_route(1)
+    assert "error_page 503 = @overloaded;" in client_route(0)

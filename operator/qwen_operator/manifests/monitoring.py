@@ -61,8 +61,15 @@ def build_gateway_pod_monitor(review: Review, ports: list[str]) -> dict[str, Any
         "spec": {
             "selector": {"matchLabels": names.selector(qd, "gateway")},
             "namespaceSelector": {"matchNames": [qd.metadata.namespace]},
+            # `qwendeployment` on every gateway series too: the scale-to-zero triggers select on it.
             "podMetricsEndpoints": [
-                {"port": port, "path": "/metrics", "interval": qd.spec.monitoring.interval} for port in ports
+                {
+                    "port": port,
+                    "path": "/metrics",
+                    "interval": qd.spec.monitoring.interval,
+                    "relabelings": [_deployment_relabeling()],
+                }
+                for port in ports
             ],
         },
     }

@@ -255,13 +255,13 @@ def test_the_client_routes_are_the_same_as_above_zero() -> None:
         return conf[start : conf.index("\n        }\n", start)]
 
     # but for recursive error pages, which let @overloaded's proxying to the activator fail as JSON
-    indent = " " * 12
-    recursive = (
-        f"{indent}# @overloaded may hand a request to the activator, whose absence is an error page again.\n"
-        f"{indent}recursive_error_pages on;\n"
-    )
-    assert recursive in client_route(0)
-    assert client_route(0).replace(recursive, "") == client_route(1)
+    recursive = [
+        "# @overloaded may hand a request to the activator, whose absence is an error page again.",
+        "recursive_error_pages on;",
+    ]
+    at_zero = [line for line in client_route(0).splitlines() if line.strip() not in recursive]
+    assert len(at_zero) == len(client_route(0).splitlines()) - 2
+    assert at_zero == client_route(1).splitlines()
     assert "error_page 503 = @overloaded;" in client_route(0)
 
 

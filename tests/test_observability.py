@@ -32,7 +32,7 @@ from qwen_devtools.generate.files import (
 )
 from qwen_devtools.require import missing
 from qwen_devtools.vllm_env import vllm_venv
-from qwen_operator import lorasync, names, recording
+from qwen_operator import activator, lorasync, names, recording
 from qwen_operator import metrics as operator_metrics
 from qwen_operator.api.review import review
 from qwen_operator.manifests.monitoring import build_engine_service_monitor, build_prometheus_rule
@@ -223,6 +223,13 @@ def lora_sync_metric_names() -> set[str]:
     return {sample.name for family in collector.collect() for sample in family.samples}
 
 
+def activator_metric_names() -> set[str]:
+    """Series names the activator exposes, from its registry (every labelled series given a value)."""
+    metrics = activator.Metrics()
+    metrics.wait.labels(outcome="forwarded").observe(1.0)
+    return {sample.name for family in metrics.registry.collect() for sample in family.samples}
+
+
 def _sample_names(name: str, kind: str) -> Iterator[str]:
     if kind == "counter":
         yield f"{name}_total"
@@ -268,6 +275,7 @@ def test_every_metric_name_exists(source: str) -> None:
     used = set().union(*(metric_names(e) for e in exprs))
     allowed = vllm_metrics() | router_metrics() | KUBE_STATE_METRICS | operator_metric_names()
     allowed |= set(recording.RECORDED) | PROMETHEUS_SERIES | lora_sync_metric_names()
+    allowed |= activator_metric_names()
     gateway_used = {n for n in used if n.startswith(("vllm_router_", "qwen_gateway_", "nginx"))}
     if gateway_used:
         allowed |= gateway_doc_metrics()

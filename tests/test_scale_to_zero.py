@@ -22,6 +22,8 @@ from qwen_operator.api.spec import SpecError
 from qwen_operator.gateway import ACTIVATOR_METRICS_PORT, GatewayConfig, activator_args, config_files
 from qwen_operator.manifests import build_children
 from qwen_operator.manifests.engine import startup_seconds
+from qwen_operator.manifests.monitoring import build_gateway_pod_monitor
+from qwen_operator.manifests.scaling import build_scaled_object
 from support import example
 
 KEDA = {"driver": "keda", "prometheusAddress": "http://prometheus.monitoring.svc:9090"}
@@ -252,5 +254,46 @@ def test_the_client_routes_are_the_same_as_above_zero() -> None:
         start = conf.index("location ~ ^/v1/(chat/completions|completions|models)$")
         return conf[start : conf.index("\n        }\n", start)]
 
-    assert client_route(0) == client_route(1)
+    # but for recursive error pages, which let @overloaded's proxying to the activator fail as JSON
+    recursive = [
+        "# @overloaded may hand a request to the activator, whose absence is an error page again.",
+        "recursive_error_pages on;",
+    ]
+    at_zero = [line for line in client_route(0).splitlines() if line.strip() not in recursive]
+    assert len(at_zero) == len(client_route(0).splitlines()) - 2
+    assert at_zero == client_route(1).splitlines()
     assert "error_page 503 = @overloaded;" in client_route(0)
+
+
+def test_the_gateway_wakes_the_engines_and_its_traffic_keeps_them_up() -> None:
+    """At zero the engines export nothing: KEDA activates on the gateway's held requests (a threshold of
+    everything the gateway holds: one replica, however many wait) and stays up while the gateway answers
+    completions; it goes to zero after idleSeconds with no trigger active."""
+    rev = to_zero(scaleToZero={"idleSeconds": 900})
+    scaled = build_scaled_object(rev)["spec"]
+    assert (scaled["minReplicaCount"], scaled["cooldownPeriod"], scaled["pollingInterval"]) == (0, 900, 10)
+    queue, held, traffic = scaled["triggers"]
+    assert queue["metadata"]["query"].startswith("sum(qwen_engine:queue_depth{")
+    qd = rev.resource.metadata
+    scope = f'namespace="{qd.namespace}",qwendeployment="{qd.name}"'
+    assert held["metadata"]["query"] == f"sum(qwen_gateway_held_requests{{{scope}}})"
+    assert rev.holding is not None
+    assert held["metadata"]["threshold"] == str(rev.holding.max_held_requests)
+    routes = 'route=~"/v1/chat/completions|/v1/completions"'
+    rate = f"rate(qwen_gateway_http_response_count_total{{{scope},{routes}}}[2m])"
+    assert traffic["metadata"]["query"] == f"sum({rate})"
+    for trigger in (held, traffic):
+        assert trigger["metadata"]["activationThreshold"] == "0"
+
+
+def test_above_zero_the_scaled_object_keeps_the_queue_trigger_alone() -> None:
+    scaled = build_scaled_object(to_zero(minReplicas=1))["spec"]
+    assert len(scaled["triggers"]) == 1 and "cooldownPeriod" not in scaled
+
+
+def test_gateway_series_carry_their_deployment_for_the_triggers() -> None:
+    pod_monitor = build_gateway_pod_monitor(to_zero(), ["metrics", "activator"])
+    for endpoint in pod_monitor["spec"]["podMetricsEndpoints"]:
+        (relabel,) = endpoint["relabelings"]
+        assert relabel["targetLabel"] == "qwendeployment"
+        assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"]

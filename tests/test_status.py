@@ -12,7 +12,15 @@ from qwen_operator.api.crd import crd
 from qwen_operator.api.review import Review, review
 from qwen_operator.api.spec import SpecError
 from qwen_operator.kinds import Skipped, kind_of
-from qwen_operator.status import CONDITION_TYPES, Event, Observed, compute_status, events, transitions
+from qwen_operator.status import (
+    CONDITION_TYPES,
+    Event,
+    Observed,
+    compute_status,
+    events,
+    merge_patch,
+    transitions,
+)
 from support import BAD_CRS, bad_cr, example, load
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -457,3 +465,41 @@ def test_no_nulls_in_status() -> None:
                 walk(v)
 
     walk(compute_status(Observed(generation=None, spec_errors=["x"]), None, T0))
+
+
+def _at_zero(**extra: Any) -> Observed:
+    """Serving the bf16 example with autoscaling.minReplicas 0 (KEDA), engine Deployment and pods as given."""
+    body = example("a100-80gb-tp2-bf16")
+    body["spec"].pop("replicas", None)
+    keda = {"driver": "keda", "prometheusAddress": "http://prometheus.monitoring.svc:9090"}
+    body["spec"]["autoscaling"] = {"minReplicas": 0, "maxReplicas": 2, **keda}
+    return serving(review=review(body), **extra)
+
+
+def test_scaled_to_zero_then_waking_then_serving_and_the_resync_writes_nothing() -> None:
+    idle = compute_status(_at_zero(engine=deployment(0, 0), pods=[]), None, T0)
+    zero = cond(idle, "ScaledToZero")
+    assert (zero["status"], zero["reason"]) == ("True", "Idle")
+    assert "the first answer takes about 252 s" in zero["message"], zero
+    assert (cond(idle, "Ready")["status"], cond(idle, "Ready")["reason"]) == ("False", "ScaledToZero")
+    assert [c["type"] for c in idle["conditions"]] == [*CONDITION_TYPES, "ScaledToZero"]
+
+    waking = compute_status(_at_zero(engine=deployment(1, 0)), idle, T1)
+    zero = cond(waking, "ScaledToZero")
+    assert (zero["status"], zero["reason"]) == ("False", "Waking")
+    assert zero["lastTransitionTime"] == "2026-01-02T00:00:00Z"  # when the wake began
+    assert cond(waking, "Ready")["reason"] == "NoReadyReplicas"
+
+    later = datetime(2026, 1, 3, tzinfo=UTC)
+    up = compute_status(_at_zero(engine=deployment(1, 1)), waking, later)
+    zero = cond(up, "ScaledToZero")
+    assert (zero["status"], zero["reason"]) == ("False", "Serving")
+    assert zero["lastTransitionTime"] == "2026-01-02T00:00:00Z"
+    assert cond(up, "Ready")["status"] == "True"
+    assert merge_patch(up, compute_status(_at_zero(engine=deployment(1, 1)), up, later)) == {}
+
+
+def test_above_zero_there_is_no_scaled_to_zero_condition() -> None:
+    status = compute_status(serving(engine=deployment(0, 0), pods=[]), None, T0)
+    assert "ScaledToZero" not in [c["type"] for c in status["conditions"]]
+    assert cond(status, "Ready")["reason"] == "NoReadyReplicas"

@@ -88,6 +88,24 @@ def recording_rules(namespace: str | None = None, deployment: str | None = None)
     ]
 
 
+#: The gateway's held requests (its activator, autoscaling.minReplicas 0) and its requests by route.
+GATEWAY_HELD = "qwen_gateway_held_requests"
+GATEWAY_RESPONSES = "qwen_gateway_http_response_count_total"
+#: Routes whose requests count as traffic for the idle scale-down (listing the models wakes nothing).
+TRAFFIC_ROUTES = "/v1/chat/completions|/v1/completions"
+
+
+def gateway_held_query(namespace: str, deployment: str) -> str:
+    """Requests the whole gateway of one QwenDeployment holds for want of a ready engine (KEDA's wake)."""
+    return f"sum({GATEWAY_HELD}{{{scope(namespace, deployment)}}})"
+
+
+def gateway_traffic_query(namespace: str, deployment: str, window: str) -> str:
+    """Completions per second the gateway of one QwenDeployment answered over `window` (KEDA's idleness)."""
+    selector = f'{scope(namespace, deployment)},route=~"{TRAFFIC_ROUTES}"'
+    return f"sum(rate({GATEWAY_RESPONSES}{{{selector}}}[{window}]))"
+
+
 def deployment_queue_query(namespace: str, deployment: str) -> str:
     """The queue depth of one QwenDeployment as one PromQL query (KEDA's Prometheus trigger)."""
     return f"sum({ENGINE_QUEUE_DEPTH}{{{scope(namespace, deployment)}}})"

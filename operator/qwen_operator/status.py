@@ -19,6 +19,9 @@ Conditions (all always present, so `kubectl wait --for=condition=X` works):
   AdaptersLoaded  only with spec.lora: every adapter is loaded on every ready engine pod and no removed one
                   still is (False: Loading, LoadFailed with the engine's error, Unloading), from the engine
                   pods' lora-sync sidecars
+  ScaledToZero    only with autoscaling.minReplicas 0: True (Idle) while no engine runs; False from the
+                  wake (Waking: replicas asked for, none ready; its lastTransitionTime is when the wake
+                  began) through Serving. Ready is then False with reason ScaledToZero, not NoReadyReplicas
 
 Each optional child kind is reported by the condition `qwen_operator.kinds` assigns it.
 """
@@ -32,6 +35,7 @@ from typing import Any
 
 from . import names
 from .adapters import LoraObservation
+from .api.coldstart import Holding
 from .api.queueing import HPA_METRIC, METRICS_API_SERVICE, keda_query, queueing
 from .api.review import Review
 from .api.rollout import Rollout
@@ -50,8 +54,9 @@ CONDITION_TYPES = (
     "ReferencesResolved",
     "Synced",
 )
-#: Conditions a status has only when the spec asks for what they report (AdaptersLoaded: spec.lora).
-OPTIONAL_CONDITION_TYPES = ("AdaptersLoaded",)
+#: Conditions a status has only when the spec asks for what they report (AdaptersLoaded: spec.lora;
+#: ScaledToZero: autoscaling.minReplicas 0).
+OPTIONAL_CONDITION_TYPES = ("AdaptersLoaded", "ScaledToZero")
 
 
 @dataclass
@@ -463,12 +468,42 @@ def _ready(obs: Observed, conds: dict[str, dict[str, Any]], ready_replicas: int)
     if obs.foreign and ready_replicas < 1:
         return _cond("Ready", False, "ForeignObject", conds["Synced"]["message"])
     if ready_replicas < 1:
+        if conds.get("ScaledToZero", {}).get("status") == "True":
+            return _cond("Ready", False, "ScaledToZero", conds["ScaledToZero"]["message"])
         if conds["Scheduled"]["status"] == "False":
             return _cond("Ready", False, "Unschedulable", conds["Scheduled"]["message"])
         return _cond("Ready", False, "NoReadyReplicas", "no engine replica is ready yet")
     if obs.gateway_enabled and not gateway_ready:
         return _cond("Ready", False, "GatewayNotReady", "engines ready, no gateway pod ready yet")
     return _cond("Ready", True, "Serving", f"{ready_replicas} engine replica(s) ready at {obs.endpoint}")
+
+
+def _scaled_to_zero(h: Holding, desired: int, ready: int, pods: bool) -> dict[str, Any]:
+    """autoscaling.minReplicas 0: True while no engine runs; False from the wake (its lastTransitionTime
+    says since when) through serving."""
+    wait = f"the first answer takes about {h.expected_cold_start_seconds} s"
+    if desired == 0 and not pods:
+        return _cond(
+            "ScaledToZero",
+            True,
+            "Idle",
+            f"no engine runs after {h.idle_seconds} s without completions; a request wakes one and waits in "
+            f"the gateway (at most {h.hold_seconds} s): {wait}",
+        )
+    if ready == 0:
+        return _cond(
+            "ScaledToZero",
+            False,
+            "Waking",
+            f"{desired} engine replica(s) asked for, none ready yet; {wait}, requests wait in the gateway "
+            f"(at most {h.hold_seconds} s)",
+        )
+    return _cond(
+        "ScaledToZero",
+        False,
+        "Serving",
+        f"{ready} engine replica(s) ready; back to zero after {h.idle_seconds} s without completions",
+    )
 
 
 def compute_status(
@@ -515,11 +550,16 @@ def compute_status(
     conds["ExposureReady"] = _exposure(obs)
     conds["ReferencesResolved"] = _references_condition(obs, _missing_references(obs))
     conds["Synced"] = _synced(obs)
+    holding = obs.review.holding if obs.review is not None and not invalid else None
+    if holding is not None:
+        conds["ScaledToZero"] = _scaled_to_zero(holding, desired, ready, bool(obs.pods))
     conds["Ready"] = _ready(obs, conds, ready)
     types = list(CONDITION_TYPES)
     if obs.review is not None and obs.review.resource.spec.lora is not None:
         conds["AdaptersLoaded"] = _adapters_loaded(obs.lora)
-        types += OPTIONAL_CONDITION_TYPES
+        types.append("AdaptersLoaded")
+    if "ScaledToZero" in conds:
+        types.append("ScaledToZero")
     status: dict[str, Any] = {
         "observedGeneration": obs.generation,
         "phase": _phase(conds),

@@ -206,6 +206,23 @@ def _gateway() -> list[Panel]:
             "Engines the router sees healthy",
             [(f"sum by (pod) (vllm_router_worker_health{{{GATEWAY}}})", "{{pod}}")],
         ),
+        Panel(
+            "Requests held for an engine (scale to zero)",
+            [
+                (f"sum(qwen_gateway_held_requests{{{GATEWAY}}})", "held now"),
+                (f"sum(rate(qwen_gateway_hold_timeouts_total{{{GATEWAY}}}[{RATE}]))", "timed out /s"),
+                (f"sum(rate(qwen_gateway_hold_rejected_total{{{GATEWAY}}}[{RATE}]))", "refused (full) /s"),
+            ],
+            description="autoscaling.minReplicas 0: requests the gateway's activator holds while no engine "
+            "is ready (they wake the engines through KEDA), those that reached holdSeconds (503) and "
+            "those refused beyond maxHeldRequests. Empty for deployments that never go to zero.",
+        ),
+        Panel(
+            "Wait for an engine after scale to zero",
+            _quantiles("qwen_gateway_hold_wait_seconds", GATEWAY, (0.5, 0.99)),
+            unit="s",
+            description="How long held requests waited for a ready engine: a cold start, seen by clients.",
+        ),
     ]
 
 

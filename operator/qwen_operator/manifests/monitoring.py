@@ -61,8 +61,15 @@ def build_gateway_pod_monitor(review: Review, ports: list[str]) -> dict[str, Any
         "spec": {
             "selector": {"matchLabels": names.selector(qd, "gateway")},
             "namespaceSelector": {"matchNames": [qd.metadata.namespace]},
+            # `qwendeployment` on every gateway series too: the scale-to-zero triggers select on it.
             "podMetricsEndpoints": [
-                {"port": port, "path": "/metrics", "interval": qd.spec.monitoring.interval} for port in ports
+                {
+                    "port": port,
+                    "path": "/metrics",
+                    "interval": qd.spec.monitoring.interval,
+                    "relabelings": [_deployment_relabeling()],
+                }
+                for port in ports
             ],
         },
     }
@@ -82,13 +89,19 @@ def build_prometheus_rule(review: Review) -> dict[str, Any]:
     scope = recording.scope(ns, name)
     labels = {recording.DEPLOYMENT_LABEL: name}
     max_replicas = qd.spec.autoscaling.max_replicas if qd.spec.autoscaling else qd.spec.effective_replicas
+    no_engine = f"(sum({up}) == 0 or absent({up}))"
+    summary = f"{ns}/{name}: no engine is scraped as up for 10 minutes"
+    if review.holding is not None:
+        # minReplicas 0: no engine is the idle state; a request held all that time is a wake that failed.
+        no_engine += f" and on () {recording.gateway_held_query(ns, name)} > 0"
+        summary += " while the gateway holds requests (the wake from zero failed: see condition ScaledToZero)"
     alerts = [
         {
             "alert": "QwenDeploymentNoReadyEngines",
-            "expr": f"sum({up}) == 0 or absent({up})",
+            "expr": no_engine,
             "for": "10m",
             "labels": {**labels, "severity": "critical"},
-            "annotations": {"summary": f"{ns}/{name}: no engine is scraped as up for 10 minutes"},
+            "annotations": {"summary": summary},
         },
         {
             "alert": "QwenDeploymentQueueAtCapacity",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import names
+from .. import names, recording
 from ..api.queueing import HPA_METRIC as HPA_METRIC  # the metric the HPA reads, named once there
 from ..api.queueing import QUEUE_METRIC as QUEUE_METRIC  # its source, vLLM's waiting count
 from ..api.queueing import keda_query, queueing
@@ -100,10 +100,56 @@ def queue_query(review: Review) -> str:
     return keda_query(qd.metadata.namespace, qd.metadata.name)
 
 
+#: KEDA's polling interval at zero replicas: how soon it sees the first held request once Prometheus has
+#: scraped it (KEDA's default, 30 s, would add that much to every wake).
+WAKE_POLL_SECONDS = 10
+#: The window of the gateway-traffic trigger: the engines stay up while any completion was answered in it.
+TRAFFIC_WINDOW = "2m"
+#: A threshold no value reaches: the trigger only activates (0 -> 1) and never adds replicas itself.
+ACTIVATION_ONLY = 1_000_000_000
+
+
+def _wake_triggers(review: Review, server: str | None) -> list[dict[str, Any]]:
+    """autoscaling.minReplicas 0: the gateway's held requests wake the engines (0 -> 1; their threshold,
+    the most the gateway holds, keeps them from asking for more than one replica, so a burst during a
+    cold start is one scale-up), and its traffic keeps them up: KEDA goes to zero once no trigger has been
+    active for cooldownPeriod (idleSeconds). The engines' queue says nothing at zero, where they export
+    nothing, and little at low load, where nothing waits."""
+    qd = review.resource
+    h = review.holding
+    assert h is not None
+    ns, name = qd.metadata.namespace, qd.metadata.name
+    return [
+        {
+            "type": "prometheus",
+            "name": "held-requests",
+            "metadata": {
+                "serverAddress": server,
+                "query": recording.gateway_held_query(ns, name),
+                "threshold": str(h.max_held_requests),
+                "activationThreshold": "0",
+            },
+        },
+        {
+            "type": "prometheus",
+            "name": "gateway-traffic",
+            "metadata": {
+                "serverAddress": server,
+                "query": recording.gateway_traffic_query(ns, name, TRAFFIC_WINDOW),
+                "threshold": str(ACTIVATION_ONLY),
+                "activationThreshold": "0",
+            },
+        },
+    ]
+
+
 def build_scaled_object(review: Review) -> dict[str, Any]:
     qd = review.resource
     a = qd.spec.autoscaling
     assert a is not None
+    to_zero: dict[str, int] = {}
+    if a.min_replicas == 0:
+        to_zero = {"pollingInterval": WAKE_POLL_SECONDS, "cooldownPeriod": a.scale_to_zero.idle_seconds}
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
@@ -112,6 +158,7 @@ def build_scaled_object(review: Review) -> dict[str, Any]:
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": names.engine(qd)},
             "minReplicaCount": a.min_replicas,
             "maxReplicaCount": a.max_replicas,
+            **to_zero,
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(review)}},
             "triggers": [
                 {
@@ -121,7 +168,8 @@ def build_scaled_object(review: Review) -> dict[str, Any]:
                         "query": queue_query(review),
                         "threshold": str(target_queue_depth(review)),
                     },
-                }
+                },
+                *(_wake_triggers(review, a.prometheus_address) if a.min_replicas == 0 else []),
             ],
         },
     }

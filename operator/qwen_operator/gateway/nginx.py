@@ -11,7 +11,7 @@ import jinja2
 
 from .. import names
 from ..api.review import Review
-from .access import BODY_BUFFER, UNREAD_BODY, access_groups
+from .access import BODY_BUFFER, UNREAD_BODY, AccessGroup, access_groups
 from .errors import (
     INVALID_API_KEY,
     ROUTER_BODY_ERRORS,
@@ -84,11 +84,11 @@ def _templates() -> jinja2.Environment:
     )
 
 
-def _access_values(review: Review) -> list[dict[str, Any]]:
+def _access_values(access: list[AccessGroup]) -> list[dict[str, Any]]:
     """nginx.conf's view of spec.gateway.modelAccess: each access group's keys, the map entries of its
     allowed `<group>|<model>` pairs (an empty model is the base model's), and its 403."""
     groups = []
-    for group in access_groups(review.resource.spec):
+    for group in access:
         allowed = [*group.models, *([""] if group.base_allowed else [])]
         groups.append(
             {
@@ -105,6 +105,7 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
     qd = review.resource
     g = qd.spec.gateway
     own_errors = nginx_errors(MAX_BODY_TEXT)
+    access = access_groups(qd.spec)
     return {
         "deployment": f"{qd.metadata.namespace}/{qd.metadata.name}",
         "auth": names.api_keys_secret(qd) is not None,
@@ -112,8 +113,8 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
         "lora": qd.spec.lora is not None,
         "served_model": map_key(qd.spec.served_model_name),
         "model_labels": [(map_key(m), model_label(m)) for m in qd.spec.model_names],
-        "access_groups": _access_values(review),
-        "access_models_json": json.dumps({g.id: g.models for g in access_groups(qd.spec)}, sort_keys=True),
+        "access_groups": _access_values(access),
+        "access_models_json": json.dumps({g.id: g.models for g in access}, sort_keys=True),
         "unread_body": UNREAD_BODY,
         "njs_module": NJS_MODULE,
         "worker_processes": NGINX_WORKERS,

@@ -101,6 +101,7 @@ VARIANTS: dict[str, Edit | None] = {
     "2 nginx workers": _nginx(r"^worker_processes \d+;", "worker_processes 2;"),
     "no body maps": _nginx(r"map \$request_body \$(\w+) \{", r"map $request_id $\1 {"),
     "no upstream keepalive": _nginx(r"^\s*keepalive(_timeout)? .*$", ""),
+    "no queue-timeout filter": _nginx(r"^\s*js_(header|body)_filter errors\.\w+;$", ""),
     "no key check, no limits": lambda n, t: _nginx(r"^\s*(limit_req|limit_conn) .*$", "")(
         n, re.sub(r'if \(\$key_id = ""\) \{.*?\}\n', "", t, flags=re.S)
     ),

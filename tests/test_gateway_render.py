@@ -462,7 +462,7 @@ def test_render_cli_shows_the_gateway() -> None:
     assert ("Deployment", f"{name}-gateway") in gateway_names
     assert ("Service", name) in gateway_names
     config_map = next(o for o in objects if o["kind"] == "ConfigMap")
-    assert set(config_map["data"]) == {"nginx.conf", "run-nginx.sh", "nginxlog-exporter.yml"}
+    assert set(config_map["data"]) == {"nginx.conf", "run-nginx.sh", "nginxlog-exporter.yml", "errors.js"}
 
 
 # --- routing: the turns of a conversation on one engine -----------------------------------------------

@@ -10,7 +10,7 @@ from ..api.review import Review
 from .exporters import log_exporter_config, nginx_exporter_args
 from .holding import activator_args
 from .limits import Limits
-from .nginx import model_access_script, nginx_conf, run_nginx_script
+from .nginx import errors_script, model_access_script, nginx_conf, run_nginx_script
 from .router import router_args
 from .wiring import POD, Wiring
 
@@ -18,7 +18,9 @@ from .wiring import POD, Wiring
 NGINX_CONF = "nginx.conf"
 RUN_NGINX = "run-nginx.sh"
 LOG_EXPORTER_CONF = "nginxlog-exporter.yml"
-#: njs module of nginx.conf, present only with spec.gateway.modelAccess.
+#: njs modules of nginx.conf: the queue timeout's body; the model access rules (spec.gateway.modelAccess
+#: only).
+ERRORS_JS = "errors.js"
 MODEL_ACCESS_JS = "model-access.js"
 
 
@@ -42,6 +44,7 @@ class GatewayConfig:
             NGINX_CONF: nginx_conf(review, wiring, limits),
             RUN_NGINX: run_nginx_script(review, wiring, limits),
             LOG_EXPORTER_CONF: log_exporter_config(wiring),
+            ERRORS_JS: errors_script(review, wiring, limits),
         }
         if review.resource.spec.gateway.model_access:
             files[MODEL_ACCESS_JS] = model_access_script(review, wiring, limits)

@@ -21,10 +21,14 @@ class GatewayError:
     #: The request field at fault, if one is.
     param: str | None = None
 
+    def text(self) -> str:
+        """The JSON error, one line."""
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        return json.dumps({"error": error}, separators=(",", ":")) + "\n"
+
     def body(self) -> str:
         """The JSON error, ready for an nginx `return` in single quotes."""
-        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
-        text = json.dumps({"error": error}, separators=(",", ":"))
+        text = self.text()[:-1]
         # nginx would expand $ in a return text, and ' or \ would end or escape its quoting.
         assert not set("$'\\") & set(text), text
         return text + "\\n"
@@ -69,6 +73,15 @@ UNSUPPORTED_MEDIA_TYPE = GatewayError(
 INVALID_API_KEY = GatewayError(
     401, 401, "invalid_api_key", "Missing or invalid API key. Send it as: Authorization: Bearer <key>."
 )
+
+
+def queue_timeout(seconds: int) -> GatewayError:
+    """vllm-router's 408 for a request that waited `seconds` (queueTimeoutSeconds) for a free slot, which
+    it sends with no body (templates/errors.js gives it this one)."""
+    message = f"The request waited {seconds} s for a free slot and was not started; retry shortly."
+    return GatewayError(408, 408, "queue_timeout", message, type="server_error")
+
+
 #: A route outside the allow-list.
 UNKNOWN_URL = GatewayError(
     404,

@@ -19,6 +19,7 @@ from .errors import (
     UNSUPPORTED_MEDIA_TYPE,
     GatewayError,
     nginx_errors,
+    queue_timeout,
 )
 from .holding import hold_read_timeout, models_at_zero
 from .limits import Limits
@@ -37,8 +38,11 @@ LOG_FLUSH = "1s"
 ACCESS_LOG_ROTATE_BYTES = 32 * 1024 * 1024
 #: sizeLimit of its emptyDir: two files of that size and what one check interval adds.
 ACCESS_LOG_SIZE_LIMIT = "96Mi"
-#: Debian's libnginx-mod-http-js (njs), loaded only where spec.gateway.modelAccess needs it.
+#: Debian's libnginx-mod-http-js (njs): the queue timeout's body, and spec.gateway.modelAccess's rules.
 NJS_MODULE = "/usr/lib/nginx/modules/ngx_http_js_module.so"
+#: Retry-After of a queue timeout, seconds: the queue was full for queueTimeoutSeconds already, so a
+#: retry at once would most likely wait again; as the overloaded 503's.
+QUEUE_TIMEOUT_RETRY_AFTER = 1
 MAX_BODY = "16m"
 #: MAX_BODY for people, in the 413 error.
 MAX_BODY_TEXT = "16 MiB"
@@ -117,6 +121,9 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
         "access_models_json": json.dumps({g.id: g.models for g in access}, sort_keys=True),
         "unread_body": UNREAD_BODY,
         "njs_module": NJS_MODULE,
+        # a JavaScript string literal (templates/errors.js)
+        "queue_timeout_json": json.dumps(queue_timeout(g.queue_timeout_seconds).text()),
+        "queue_timeout_retry_after": QUEUE_TIMEOUT_RETRY_AFTER,
         "worker_processes": NGINX_WORKERS,
         # each proxied request holds a client and an upstream connection
         "worker_connections": max(4096, 4 * limits.in_flight),
@@ -163,6 +170,11 @@ def nginx_conf(review: Review, wiring: Wiring = POD, limits: Limits | None = Non
 def run_nginx_script(review: Review, wiring: Wiring = POD, limits: Limits | None = None) -> str:
     """Entry point of the nginx container: renders keys, runs nginx, reloads it when a Secret changes."""
     return _render("run-nginx.sh.j2", review, wiring, limits)
+
+
+def errors_script(review: Review, wiring: Wiring = POD, limits: Limits | None = None) -> str:
+    """njs module of nginx.conf: the body of vllm-router's queue timeout (its 408 has none)."""
+    return _render("errors.js.j2", review, wiring, limits)
 
 
 def model_access_script(review: Review, wiring: Wiring = POD, limits: Limits | None = None) -> str:

@@ -9,7 +9,7 @@ missing=()
 # need PACKAGE FILE: the package is missing when FILE is not there (sbin paths: a user's PATH may lack them)
 need() { [[ -e $2 ]] || missing+=("$1"); }
 command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || missing+=(nginx)
-need libnginx-mod-http-js /usr/lib/nginx/modules/ngx_http_js_module.so  # njs: spec.gateway.modelAccess
+need libnginx-mod-http-js /usr/lib/nginx/modules/ngx_http_js_module.so  # njs: errors.js, spec.gateway.modelAccess
 command -v promtool >/dev/null || missing+=(prometheus)
 need runc /usr/sbin/runc
 need containernetworking-plugins /usr/lib/cni/bridge

@@ -108,14 +108,45 @@ VARIANTS: dict[str, Edit | None] = {
 }
 
 
+def _with_lora() -> dict[str, Any]:
+    """The bench's QwenDeployment with LoRA adapters: nginx.conf then routes on the body's model name (the
+    map that hashes an adapter's requests on its name; the requests here name the base model)."""
+    body = _cr()
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    adapters = [{"name": f"lora-{n}", "source": {"huggingFace": {"repo": f"org/a{n}", "revision": revision}}}
+                for n in range(2)]  # fmt: skip
+    body["spec"]["lora"] = {"maxLoras": 2, "adapters": adapters}
+    return body
+
+
+def _limited_key() -> dict[str, Any]:
+    """With the bench's key limited to the base model (spec.gateway.modelAccess): every request is read
+    by njs (JSON.parse of the body, after a mirror subrequest) and routed on the model it names."""
+    body = _with_lora()
+    body["spec"]["gateway"]["modelAccess"] = [{"apiKeys": ["bench"], "models": [SERVED_MODEL]}]
+    return body
+
+
+#: Each a gateway rendered from another QwenDeployment: the model-name routing that LoRA adapters (and
+#: tiers) use, priced against the gateway as rendered for the bench's QwenDeployment.
+CR_VARIANTS: dict[str, Callable[[], dict[str, Any]]] = {
+    "LoRA model map": _with_lora,
+    "key limited to models (njs)": _limited_key,
+}
+
+
 @contextlib.contextmanager
 def _gateways(urls: Sequence[str], only: Sequence[str]) -> Iterator[dict[str, GatewayStack]]:
     rev = review(_cr())
+    chosen = [name for name in (*VARIANTS, *CR_VARIANTS) if name == "gateway" or not only or name in only]
     with contextlib.ExitStack() as stack:
         yield {
-            name: stack.enter_context(start_gateway(rev, urls, {"bench": API_KEY}, edit=edit))
-            for name, edit in VARIANTS.items()
-            if name == "gateway" or not only or name in only
+            name: stack.enter_context(
+                start_gateway(review(CR_VARIANTS[name]()), urls, {"bench": API_KEY})
+                if name in CR_VARIANTS
+                else start_gateway(rev, urls, {"bench": API_KEY}, edit=VARIANTS[name])
+            )
+            for name in chosen
         }
 
 

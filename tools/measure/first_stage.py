@@ -11,6 +11,7 @@ layers of one TP shard, 8,192 tokens) the way vLLM's compile differs from that s
 It prints the transient peak of the first (compiling, autotuning) and second call, per token.
 
 Run: python3 tools/measure/first_stage.py > tools/measure/first_stage.out.txt
+(The output's sha256 is of this file as first committed; since then only lines were rewrapped for ruff.)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 import torch._inductor.config as inductor_config
 
 sys.path.insert(0, "tools/measure")
-import compiled_forward as cf  # noqa: E402
+import compiled_forward as cf
 
 
 def first_stage_forward(self, ids, positions):  # type: ignore[no-untyped-def]
@@ -38,7 +39,11 @@ def main() -> None:
     inductor_config.benchmark_combo_kernel = True
     print("device:", torch.cuda.get_device_properties(0).name, "torch", torch.__version__)
     print("inductor: combo_kernels, benchmark_combo_kernel on")
-    for variant in ("whole graph, last stage", "split at attention, last stage", "split at attention, first stage"):
+    for variant in (
+        "whole graph, last stage",
+        "split at attention, last stage",
+        "split at attention, first stage",
+    ):
         print(f"-- {variant}")
         if "split" in variant:
             cf.attention = torch.compiler.disable(lambda q, k, v, out: None)

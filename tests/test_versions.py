@@ -43,6 +43,7 @@ OTHER_VERSIONS_ON_PURPOSE = {
     "docs/capacity-planning.md",
     "tools/measure/activation_peak.out.txt",
     "tools/measure/compiled_forward.out.txt",
+    "tools/measure/first_stage.out.txt",
     "tools/measure/runtime_terms.out.txt",
 }
 

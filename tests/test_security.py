@@ -33,11 +33,11 @@ from qwen_devtools.helm import HOW_TO_GET_HELM, helm_path
 from qwen_devtools.require import missing
 from qwen_operator import names
 from qwen_operator.api.queueing import METRICS_API_SERVICE
-from qwen_operator.api.review import review
+from qwen_operator.api.review import Review, review
 from qwen_operator.kinds import MANAGED
 from qwen_operator.manifests import ClusterFacts, build_children
 from qwen_operator.manifests.gateway import generated_engine_key_secret
-from qwen_operator.manifests.policy import DEFAULT_SCRAPERS, parse_scrapers
+from qwen_operator.manifests.policy import DEFAULT_SCRAPERS, build_engine_network_policy, parse_scrapers
 from qwen_operator.recording import ADAPTER_METRIC
 from support import EXAMPLES, GOLDEN, REPO, load
 
@@ -545,20 +545,65 @@ def test_only_the_gateway_and_the_named_scrapers_reach_the_engines(source: Path)
         "podSelector": {"matchLabels": names.selector(review(load(source)).resource, "gateway")}
     }
     assert set(peers[0]["podSelector"]["matchLabels"].items()) <= set(gateway.items())
+    # the gateways that serve this deployment as a tier (test_a_fronting_gateway_reaches_its_tiers_engines)
+    assert peers[1] == {
+        "podSelector": {
+            "matchLabels": names.fronted_by(policy["metadata"]["labels"]["app.kubernetes.io/instance"])
+        }
+    }
     engine_port = [
         peer
         for rule in policy["spec"]["ingress"]
         if rule["ports"][0]["port"] == 8000
         for peer in rule["from"]
     ]
-    assert engine_port[1:] == list(DEFAULT_SCRAPERS)
+    assert engine_port[2:] == list(DEFAULT_SCRAPERS)
     for peer in peers:
         assert all(selector for selector in peer.values()), peer  # no empty selector: that is "everything"
     mine = (
         {"namespaceSelector": {"matchLabels": {"team": "obs"}}, "podSelector": {"matchLabels": {"a": "b"}}},
     )
     policy = _one(_children(source, scrapers=mine), "NetworkPolicy", "engine")
-    assert [peer for rule in policy["spec"]["ingress"][:2] for peer in rule["from"]][1:] == list(mine)
+    assert [peer for rule in policy["spec"]["ingress"][:2] for peer in rule["from"]][2:] == list(mine)
+
+
+def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    return set(selector["matchLabels"].items()) <= set(labels.items())
+
+
+def test_a_fronting_gateway_reaches_its_tiers_engines_and_no_other_gateway_does() -> None:
+    """spec.gateway.tiers: the fronting gateway's routers connect to the tier's engine pods, so the tier's
+    engine NetworkPolicy must admit its pods (same namespace, by their labels), and only such pods."""
+
+    def deployment(name: str, tiers: list[str]) -> Review:
+        body = copy.deepcopy(load(EXAMPLES[0]))
+        body["metadata"]["name"] = name
+        body["spec"].setdefault("gateway", {})["tiers"] = [
+            {"name": f"model-of-{t}", "deploymentRef": {"name": t}} for t in tiers
+        ]
+        return review(body)
+
+    def gateway_pod_labels(rev: Review) -> dict[str, str]:
+        objects = build_children(rev, ClusterFacts()).objects
+        template = _one(objects, "Deployment", "gateway")["spec"]["template"]
+        return dict(template["metadata"]["labels"])
+
+    def admits(policy_of: Review, labels: dict[str, str]) -> bool:
+        policy = build_engine_network_policy(policy_of)
+        return any(
+            "namespaceSelector" not in peer and _matches(peer["podSelector"], labels)
+            for rule in policy["spec"]["ingress"]
+            if rule["ports"][0]["port"] == 8000
+            for peer in rule["from"]
+        )
+
+    small, large = deployment("small", []), deployment("large", ["small"])
+    other = deployment("other", [])
+    assert admits(small, gateway_pod_labels(large)), "the fronting gateway cannot reach its tier"
+    assert admits(small, gateway_pod_labels(small)), "the tier's own gateway"
+    assert not admits(small, gateway_pod_labels(other)), "a gateway that does not front it"
+    assert not admits(large, gateway_pod_labels(small)), "the tier's gateway reaching the fronting engines"
+    assert not admits(other, gateway_pod_labels(large)), "a fronting gateway reaching what it does not front"
 
 
 @pytest.mark.parametrize(

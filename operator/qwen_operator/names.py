@@ -51,7 +51,11 @@ GENERATED_ENGINE_KEY = "token"
 
 def generated_engine_key(qd: QwenDeployment) -> str:
     """The engine-key Secret the operator creates (gateway on, spec.engine.apiKeySecret unset)."""
-    return f"{qd.metadata.name}-engine-key"
+    return generated_engine_key_of(qd.metadata.name)
+
+
+def generated_engine_key_of(name: str) -> str:
+    return f"{name}-engine-key"
 
 
 def engine_key(qd: QwenDeployment) -> SecretKeyRef | None:
@@ -93,6 +97,25 @@ def labels(qd: QwenDeployment, component: str) -> dict[str, str]:
         **selector(qd, component),
         "app.kubernetes.io/part-of": "qwen-operator",
         **owner_labels(qd.metadata.name),
+    }
+
+
+#: Label prefix of the gateway pods that serve another deployment as a tier: `<prefix>/<its name>`.
+FRONTS_PREFIX = f"fronts.{LABEL_PREFIX}"
+
+
+def fronting_labels(qd: QwenDeployment) -> dict[str, str]:
+    """Labels of a gateway pod that serves the deployments of spec.gateway.tiers: their engines'
+    NetworkPolicy admits gateway pods carrying their name (fronted_by)."""
+    return {f"{FRONTS_PREFIX}/{t.deployment_ref.name}": "gateway" for t in qd.spec.gateway.tiers}
+
+
+def fronted_by(name: str) -> dict[str, str]:
+    """The gateway pods, in the namespace, of the deployments that serve `name` as a tier."""
+    return {
+        "app.kubernetes.io/component": "gateway",
+        "app.kubernetes.io/name": "qwen",
+        f"{FRONTS_PREFIX}/{name}": "gateway",
     }
 
 

@@ -121,9 +121,13 @@ class GatewayStack:
             proc.stop()
 
 
-def loopback_wiring(root: Path, worker_urls: Sequence[str]) -> Wiring:
-    """The pod's wiring with free loopback ports, directories under root and static engine URLs."""
-    ports = free_ports(9)
+def loopback_wiring(
+    root: Path, worker_urls: Sequence[str], tier_worker_urls: Sequence[Sequence[str]] = ()
+) -> Wiring:
+    """The pod's wiring with free loopback ports, directories under root and static engine URLs (per
+    tier of spec.gateway.tiers too; a tier without any has no engine)."""
+    tiers = len(tier_worker_urls)
+    ports = free_ports(9 + 2 * tiers)
     return Wiring(
         bind_host=LOOPBACK,
         http_port=ports[0],
@@ -141,6 +145,9 @@ def loopback_wiring(root: Path, worker_urls: Sequence[str]) -> Wiring:
         temp_dir=str(root / "tmp"),
         log_dir=str(root / "log"),
         worker_urls=tuple(worker_urls),
+        tier_router_ports=tuple(ports[9 : 9 + tiers]),
+        tier_metrics_ports=tuple(ports[9 + tiers :]),
+        tier_worker_urls=tuple(tuple(urls) for urls in tier_worker_urls),
         # No engine at start (a deployment scaled to zero): engines join later through add_worker.
         discover_engines=False,
     )
@@ -154,6 +161,7 @@ def start_gateway_stack(
     root: Path | None = None,
     timeout: float = 60.0,
     edit: Callable[[str, str], str] | None = None,
+    tier_worker_urls: Sequence[Sequence[str]] = (),
 ) -> GatewayStack:
     """Start the gateway for `review` in front of running engines (none: engines join through
     add_worker, as Kubernetes discovery adds them); the caller must call stop().
@@ -161,10 +169,11 @@ def start_gateway_stack(
     Runs exactly the rendered files (nginx.conf, run-nginx.sh, nginxlog-exporter.yml) and command lines
     (vllm-router, nginx-prometheus-exporter); only ports, paths and the engine URLs are the test's.
     `edit(name, text)` changes a rendered file first: the benchmarks' variants of one setting, never a test.
+    `tier_worker_urls`: the engines of each tier of spec.gateway.tiers, in order, each behind its router.
     """
     root = root or Path(tempfile.mkdtemp(prefix="qwen-gateway-"))
     root.chmod(0o755)  # nginx's workers drop root (tests run as root): they must reach temp_dir below
-    wiring = loopback_wiring(root, worker_urls)
+    wiring = loopback_wiring(root, worker_urls, tier_worker_urls)
     config = Path(wiring.config_dir)
     config.mkdir(parents=True, exist_ok=True)
     for name, text in gateway.config_files(review, wiring).items():
@@ -192,6 +201,13 @@ def _start_gateway_parts(stack: GatewayStack, review: Review, logs: Path, timeou
     router_argv = [str(vllm_router_bin()), *gateway.router_args(review, w)]
     router = spawn("router", router_argv, logs, env=gateway.router_env(), port=w.router_port)
     stack.procs["router"] = router
+    tier_routers = []
+    for i in range(len(w.tier_worker_urls)):
+        argv = [str(vllm_router_bin()), *gateway.tier_router_args(review, i, w)]
+        tier_routers.append(
+            spawn(f"router-tier{i}", argv, logs, env=gateway.router_env(), port=w.tier_router_port(i))
+        )
+        stack.procs[f"router-tier{i}"] = tier_routers[-1]
     exporter = spawn(
         "log-exporter",
         [str(nginxlog_exporter_bin()), "-config-file", f"{w.config_dir}/nginxlog-exporter.yml"],
@@ -217,6 +233,8 @@ def _start_gateway_parts(stack: GatewayStack, review: Review, logs: Path, timeou
         stack.procs["activator"] = spawn("activator", cli, logs, port=w.activator_metrics_port)
         wait_ready(stack.procs["activator"], "/healthz", timeout)
     wait_ready(router, "/liveness", timeout)  # --worker-urls: only after every engine is healthy
+    for tier_router in tier_routers:
+        wait_ready(tier_router, "/liveness", timeout)
     wait_ready(exporter, "/metrics", timeout)
     wait_ready(nginx, "/ready", timeout)
     wait_ready(stack.procs["nginx-exporter"], "/metrics", timeout)

@@ -1067,6 +1067,110 @@ class ModelAccess(Model):
     )
 
 
+#: A QwenDeployment's name, as another's gateway names it (metadata.name rules: NAME_RULES below).
+DeploymentName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")]
+#: Saturation of a tier's router, per gateway pod, by default: vLLM's default batch (max_num_seqs 256).
+DEFAULT_TIER_MAX_CONCURRENT = 256
+
+
+class DeploymentRef(Model):
+    """Another QwenDeployment in this namespace."""
+
+    name: DeploymentName = Field(description="Its metadata.name.")
+
+
+class GatewayTier(Model):
+    """Another QwenDeployment of this namespace whose engines this gateway serves under their model name
+    (docs/gateway.md, "Tiers"). The gateway reaches its engine pods directly, through a vllm-router of
+    its own per tier; the tier's own gateway, if it has one, is not in the path."""
+
+    name: ModelName = Field(
+        description="What clients send as `model`: the tier's served model name (its "
+        "spec.model.servedModelName, else spec.model.name; status.tiers says when they differ)."
+    )
+    deployment_ref: DeploymentRef = Field(description="The QwenDeployment serving it, in this namespace.")
+    spill_to: ModelName | None = Field(
+        default=None,
+        description="Opt-in spill-over: a request for this tier that its router refuses for want of "
+        "capacity (no ready engine: 503; maxConcurrentRequests in flight and queueSize waiting: 429) is "
+        "sent to this model instead (another tier's name or the base model's served name), its `model` "
+        "rewritten. Unset: such a request gets the JSON 503.",
+    )
+    max_concurrent_requests: int = Field(
+        default=DEFAULT_TIER_MAX_CONCURRENT,
+        ge=1,
+        le=100_000,
+        description="Requests each gateway pod passes to this tier's engines at once (its router's "
+        "--max-concurrent-requests).",
+    )
+    queue_size: int = Field(
+        default=0,
+        ge=0,
+        le=100_000,
+        description="Requests each gateway pod holds waiting for this tier above maxConcurrentRequests; "
+        "beyond them the tier is saturated (spill-over, else 503). 0: saturated as soon as "
+        "maxConcurrentRequests are in flight.",
+    )
+    rate_limit: RateLimit | None = Field(
+        default=None,
+        description="Per-key rate limit on this tier's requests, enforced like spec.gateway.rateLimit "
+        "(each pod its share) and on top of it. Unset: only the gateway's.",
+    )
+    engine_key_secret: SecretKeyRef | None = Field(
+        default=None,
+        description="The key the tier's engines require (its spec.engine.apiKeySecret). Default: the "
+        "Secret the operator generates for it, `<deploymentRef.name>-engine-key` (key `token`), which "
+        "exists while the tier's own gateway is enabled; without that Secret no key is sent.",
+    )
+
+
+#: HTTP header names an alias rule may test (letters, digits, '-').
+HeaderName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9-]+$")]
+
+
+class HeaderMatch(Model):
+    """A request header with an exact value."""
+
+    name: HeaderName = Field(description="Header name (case-insensitive).")
+    value: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^'\"$\\]*$")] = Field(
+        description="Its exact value (case-sensitive)."
+    )
+
+
+class AliasRule(Model):
+    """Where an alias sends a request for which every condition set here holds (none set: every request)."""
+
+    model: ModelName = Field(
+        description="The model it gets: a tier's name, the base model's or an adapter's."
+    )
+    max_prompt_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_048_576,
+        description="The request body is at most this many bytes (about 4 bytes per token of English).",
+    )
+    header: HeaderMatch | None = Field(default=None, description="The request carries this header value.")
+    tools: bool | None = Field(
+        default=None, description="true: the request has a non-empty `tools` list; false: it has none."
+    )
+    images: bool | None = Field(
+        default=None,
+        description="true: a message has an image part (`image_url`, `input_image`); false: none has.",
+    )
+    api_keys: list[KeyId] = Field(
+        default_factory=list, max_length=256, description="The request's API key is one of these key ids."
+    )
+
+
+class ModelAlias(Model):
+    """A model name clients may send that names no engine: the gateway picks the model from the request
+    (first matching rule, else `default`) and rewrites the request's `model` to it."""
+
+    name: ModelName = Field(description="What clients send as `model`, e.g. `auto`.")
+    rules: list[AliasRule] = Field(default_factory=list, max_length=16, description="Checked in order.")
+    default: ModelName = Field(description="The model when no rule matches.")
+
+
 class GatewayService(Model):
     """The client-facing Service."""
 
@@ -1092,12 +1196,29 @@ class HttpRoute(Model):
     hostnames: list[str] = Field(default_factory=list, description="Host names.")
 
 
+_ONE_TIER_PER_DEPLOYMENT = "two tiers name the same deploymentRef: one tier per deployment"
+_SPILL_TO_ITSELF = "a tier's spillTo names another model than the tier itself"
+
+
 class Gateway(Model):
     """The OpenAI-compatible endpoint in front of the engine replicas: nginx (keys, limits) + vllm-router."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
+                # Names unique across tiers and aliases: their list-map keys; across the other kinds of
+                # names (the base model, adapters): the operator (their lengths have no CEL-friendly bound).
+                {
+                    "rule": "!has(self.tiers) || self.tiers.all(t, "
+                    "self.tiers.exists_one(u, u.deploymentRef.name == t.deploymentRef.name))",
+                    "message": _ONE_TIER_PER_DEPLOYMENT,
+                    "fieldPath": ".tiers",
+                },
+                {
+                    "rule": "!has(self.tiers) || self.tiers.all(t, !has(t.spillTo) || t.spillTo != t.name)",
+                    "message": _SPILL_TO_ITSELF,
+                    "fieldPath": ".tiers",
+                },
                 {
                     "rule": "!(has(self.auth) && self.auth == 'none' && has(self.apiKeysSecret))",
                     "message": "auth none takes no apiKeysSecret: remove one of them",
@@ -1183,6 +1304,20 @@ class Gateway(Model):
         description='API keys limited to some models (docs/gateway.md, "Limiting keys to models"): a key '
         "named here may use only the models of its rules and gets 403 for the others. Needs auth apiKeys. "
         "Empty: every key may use every model.",
+    )
+    tiers: list[GatewayTier] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Other QwenDeployments of this namespace served through this gateway, each under its "
+        'model name (docs/gateway.md, "Tiers"); status.tiers reports each one\'s readiness.',
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    aliases: list[ModelAlias] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Model names whose requests the gateway sends to a model it picks by rules (e.g. "
+        "`auto`: short prompts without tools to a small tier).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     image: Image | None = Field(default=None, description="Gateway image (nginx + vllm-router).")
     service: GatewayService = Field(default_factory=GatewayService, description="Client-facing Service.")
@@ -1314,16 +1449,95 @@ class QwenDeploymentSpec(Model):
         """Every name a request may send in `model`: the base model's, then the adapters'."""
         return [self.served_model_name, *(a.name for a in (self.lora.adapters if self.lora else []))]
 
+    @property
+    def tier_names(self) -> list[str]:
+        return [t.name for t in self.gateway.tiers]
+
+    @property
+    def alias_names(self) -> list[str]:
+        return [a.name for a in self.gateway.aliases]
+
+    @property
+    def routable_names(self) -> list[str]:
+        """Every name the gateway routes by: the base model's, the adapters', the tiers', the aliases'."""
+        return [*self.model_names, *self.tier_names, *self.alias_names]
+
+    @model_validator(mode="after")
+    def _one_name_one_model(self) -> QwenDeploymentSpec:
+        # Adapters, tiers and aliases share one namespace of model names with the base model: a request
+        # names exactly one of them.
+        seen: dict[str, str] = {name: "the base model's served name" for name in self.model_names[:1]}
+        seen.update({a: "an adapter's name (spec.lora.adapters)" for a in self.model_names[1:]})
+        named = [
+            *(
+                (f"gateway.tiers[{i}].name", t.name, "a tier's name")
+                for i, t in enumerate(self.gateway.tiers)
+            ),
+            *((f"gateway.aliases[{i}].name", a.name, "an alias") for i, a in enumerate(self.gateway.aliases)),
+        ]
+        for path, name, what in named:
+            if name in seen:
+                raise field_error(
+                    path, f"{name!r} is also {seen[name]}: a request names one model, so names must be unique"
+                )
+            if set(name) & _UNQUOTABLE:
+                raise field_error(
+                    path,
+                    f"{name!r} contains one of {' '.join(sorted(_UNQUOTABLE))}, which the gateway's "
+                    "configuration cannot quote; choose another name",
+                )
+            seen[name] = what
+        refs: dict[str, int] = {}
+        for i, tier in enumerate(self.gateway.tiers):
+            ref = tier.deployment_ref.name
+            if ref in refs:
+                raise field_error(
+                    f"gateway.tiers[{i}].deploymentRef.name",
+                    f"{ref!r} is also the deployment of tiers[{refs[ref]}]: one tier per deployment",
+                )
+            refs[ref] = i
+        if self.gateway.tiers and not self.gateway.enabled:
+            raise field_error("gateway.tiers", "tiers are served by this deployment's gateway: enable it")
+        engines = [self.served_model_name, *self.model_names[1:], *self.tier_names]
+        spilling = {t.name for t in self.gateway.tiers if t.spill_to is not None}
+        for i, tier in enumerate(self.gateway.tiers):
+            if tier.spill_to is None:
+                continue
+            others = [n for n in [self.served_model_name, *self.tier_names] if n != tier.name]
+            if tier.spill_to not in others:
+                raise field_error(
+                    f"gateway.tiers[{i}].spillTo",
+                    f"{tier.spill_to!r} is not another tier's name or the base model's served name; "
+                    f"choose one of: {', '.join(others)}",
+                )
+            if tier.spill_to in spilling:
+                # one step only: a chain could send a request round in a circle
+                raise field_error(
+                    f"gateway.tiers[{i}].spillTo",
+                    f"{tier.spill_to!r} spills over itself; a tier spills to a tier without spillTo or to "
+                    "the base model",
+                )
+        for i, alias in enumerate(self.gateway.aliases):
+            targets = [(f"gateway.aliases[{i}].rules[{j}].model", r.model) for j, r in enumerate(alias.rules)]
+            for path, target in [*targets, (f"gateway.aliases[{i}].default", alias.default)]:
+                if target not in engines:
+                    raise field_error(
+                        path,
+                        f"{target!r} is not a model this gateway serves (an alias picks the base model, an "
+                        f"adapter or a tier); choose one of: {', '.join(engines)}",
+                    )
+        return self
+
     @model_validator(mode="after")
     def _access_to_known_models(self) -> QwenDeploymentSpec:
-        known = self.model_names
+        known = self.routable_names
         for i, rule in enumerate(self.gateway.model_access):
             for j, model in enumerate(rule.models):
                 if model not in known:
                     raise field_error(
                         f"gateway.modelAccess[{i}].models[{j}]",
-                        f"{model!r} is neither the base model's served name nor an adapter's name; this "
-                        f"deployment serves: {', '.join(known)}",
+                        f"{model!r} is neither the base model's served name nor an adapter's name, nor a "
+                        f"tier's or an alias's; this gateway serves: {', '.join(known)}",
                     )
                 if set(model) & _UNQUOTABLE:
                     # nginx.conf quotes the names in its 403 message and maps
@@ -1383,6 +1597,17 @@ class QwenDeployment(BaseModel):
     kind: Literal["QwenDeployment"]
     metadata: ObjectMeta
     spec: QwenDeploymentSpec
+
+    @model_validator(mode="after")
+    def _tiers_are_others(self) -> QwenDeployment:
+        for i, tier in enumerate(self.spec.gateway.tiers):
+            if tier.deployment_ref.name == self.metadata.name:
+                raise field_error(
+                    f"spec.gateway.tiers[{i}].deploymentRef.name",
+                    f"{self.metadata.name!r} is this deployment: its engines serve the base model already; "
+                    "a tier names another QwenDeployment",
+                )
+        return self
 
 
 class SpecError(ValueError):

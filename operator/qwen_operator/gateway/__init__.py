@@ -22,7 +22,7 @@ from .exporters import LATENCY_BUCKETS, LOG_METRICS_NAMESPACE, log_exporter_conf
 from .holding import activator_args
 from .limits import Limits
 from .nginx import ACCESS_LOG_SIZE_LIMIT, OPENAI_ROUTES, nginx_conf, run_nginx_script
-from .router import balance_abs_threshold, router_args, router_env
+from .router import balance_abs_threshold, router_args, router_env, tier_router_args
 from .wiring import ACTIVATOR_METRICS_PORT, GATEWAY_METRICS_PORTS, POD, SERVICE_ACCOUNT_DIR, Wiring
 
 __all__ = [
@@ -46,4 +46,5 @@ __all__ = [
     "router_args",
     "router_env",
     "run_nginx_script",
+    "tier_router_args",
 ]

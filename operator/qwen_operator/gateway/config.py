@@ -11,15 +11,15 @@ from .exporters import log_exporter_config, nginx_exporter_args
 from .holding import activator_args
 from .limits import Limits
 from .nginx import errors_script, model_access_script, nginx_conf, run_nginx_script
-from .router import router_args
+from .router import router_args, tier_router_args
 from .wiring import POD, Wiring
 
 #: File names in the gateway's ConfigMap (mounted at wiring.config_dir).
 NGINX_CONF = "nginx.conf"
 RUN_NGINX = "run-nginx.sh"
 LOG_EXPORTER_CONF = "nginxlog-exporter.yml"
-#: njs modules of nginx.conf: the queue timeout's body; the model access rules (spec.gateway.modelAccess
-#: only).
+#: njs modules of nginx.conf: the queue timeout's body; the model rules (spec.gateway.modelAccess, tiers,
+#: aliases only).
 ERRORS_JS = "errors.js"
 MODEL_ACCESS_JS = "model-access.js"
 
@@ -33,6 +33,8 @@ class GatewayConfig:
     #: ConfigMap files: nginx.conf, the nginx entry script, the log exporter's config.
     files: dict[str, str]
     router_args: list[str]
+    #: The command line of each tier's router (spec.gateway.tiers, in order).
+    tier_router_args: list[list[str]]
     nginx_exporter_args: list[str]
     #: `qwen-operator activator ...` (autoscaling.minReplicas 0), else None: no activator container.
     activator_args: list[str] | None
@@ -46,13 +48,15 @@ class GatewayConfig:
             LOG_EXPORTER_CONF: log_exporter_config(wiring),
             ERRORS_JS: errors_script(review, wiring, limits),
         }
-        if review.resource.spec.gateway.model_access:
+        g = review.resource.spec.gateway
+        if g.model_access or g.tiers or g.aliases:
             files[MODEL_ACCESS_JS] = model_access_script(review, wiring, limits)
         return GatewayConfig(
             wiring=wiring,
             limits=limits,
             files=files,
             router_args=router_args(review, wiring, limits),
+            tier_router_args=[tier_router_args(review, i, wiring) for i in range(len(g.tiers))],
             nginx_exporter_args=nginx_exporter_args(wiring),
             activator_args=activator_args(review, wiring),
         )

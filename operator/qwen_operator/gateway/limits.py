@@ -15,7 +15,7 @@ def _per_pod(total: int, replicas: int) -> int:
     return math.ceil(total / replicas)
 
 
-def _rate_share(total: int, replicas: int) -> int:
+def rate_share(total: int, replicas: int) -> int:
     """A pod's share of a key's rate, rounded down so that the pods together never admit more than the
     key's limit; at least 1 (a key limited below one request per minute per pod is not served at all)."""
     return max(1, total // replicas)
@@ -57,10 +57,10 @@ class Limits:
     @staticmethod
     def of(review: Review) -> Limits:
         g = review.resource.spec.gateway
-        rate = _rate_share(g.rate_limit.requests_per_minute, g.replicas)
+        rate = rate_share(g.rate_limit.requests_per_minute, g.replicas)
         # A key may send its burst above the rate at once, so burst + 1 requests (one at the rate); each
         # pod admits its share of those, so the pods together admit no more than one pod would.
-        at_once = _rate_share(g.rate_limit.burst + 1, g.replicas)
+        at_once = rate_share(g.rate_limit.burst + 1, g.replicas)
         concurrent = pass_through(review)
         queue = _per_pod(g.queue_size, g.replicas)
         return Limits(

@@ -23,6 +23,7 @@ from .errors import (
 )
 from .holding import hold_read_timeout, models_at_zero
 from .limits import Limits
+from .tiers import routing_data, tier_routes
 from .wiring import POD, Wiring
 
 #: Routes clients may call; everything else (engine admin routes included) gets a JSON 404.
@@ -88,6 +89,10 @@ def _templates() -> jinja2.Environment:
     )
 
 
+#: nginx.conf's proxy target of this deployment's router, the request's URI kept.
+_ROUTER = "vllm_router$uri$is_args$args"
+
+
 def _access_values(access: list[AccessGroup]) -> list[dict[str, Any]]:
     """nginx.conf's view of spec.gateway.modelAccess: each access group's keys, the map entries of its
     allowed `<group>|<model>` pairs (an empty model is the base model's), and its 403."""
@@ -105,19 +110,32 @@ def _access_values(access: list[AccessGroup]) -> list[dict[str, Any]]:
     return groups
 
 
-def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
+def _template_values(review: Review, wiring: Wiring, limits: Limits) -> dict[str, Any]:
     qd = review.resource
     g = qd.spec.gateway
     own_errors = nginx_errors(MAX_BODY_TEXT)
     access = access_groups(qd.spec)
+    tiers = tier_routes(review, wiring)
     return {
         "deployment": f"{qd.metadata.namespace}/{qd.metadata.name}",
         "auth": names.api_keys_secret(qd) is not None,
         "engine_key": names.engine_key(qd) is not None,
         "lora": qd.spec.lora is not None,
         "served_model": map_key(qd.spec.served_model_name),
-        "model_labels": [(map_key(m), model_label(m)) for m in qd.spec.model_names],
+        "model_labels": [(map_key(m), model_label(m)) for m in qd.spec.routable_names],
         "access_groups": _access_values(access),
+        # The request's model is read from its body (njs): for limited keys, tiers and aliases.
+        "body_routing": bool(access or tiers),
+        "tier_routes": tiers,
+        "aliases": bool(g.aliases),
+        # A limited key's request allowed by its model: then by the model its alias picked, if any.
+        "allowed_target": "$picked_model_target" if g.aliases else "$routed_target" if tiers else _ROUTER,
+        "routed_target": "$routed_target" if tiers else _ROUTER,
+        "tier_limits": any(t.rate for t in tiers),
+        "tier_and_alias_names": [map_key(n) for n in (*qd.spec.tier_names, *qd.spec.alias_names)],
+        "routing_json": json.dumps(routing_data(qd.spec), sort_keys=True),
+        # An engine's refused request is asked again where it went first (a tier's, too).
+        "replay_target": "$model_target" if tiers else _ROUTER,
         "access_models_json": json.dumps({g.id: g.models for g in access}, sort_keys=True),
         "unread_body": UNREAD_BODY,
         "njs_module": NJS_MODULE,
@@ -158,7 +176,7 @@ def _template_values(review: Review, limits: Limits) -> dict[str, Any]:
 
 
 def _render(template: str, review: Review, wiring: Wiring, limits: Limits | None) -> str:
-    values = _template_values(review, limits or Limits.of(review))
+    values = _template_values(review, wiring, limits or Limits.of(review))
     return _templates().get_template(template).render(c=values, w=wiring)
 
 

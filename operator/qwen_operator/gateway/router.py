@@ -29,32 +29,70 @@ def router_env() -> dict[str, str]:
 
 
 def router_args(review: Review, wiring: Wiring = POD, limits: Limits | None = None) -> list[str]:
-    """vllm-router's command line (after the program name)."""
+    """vllm-router's command line (after the program name): the router of this deployment's engines."""
+    qd = review.resource
+    limits = limits or Limits.of(review)
+    return _args(
+        review,
+        port=wiring.router_port,
+        metrics_port=wiring.router_metrics_port,
+        wiring=wiring,
+        worker_urls=wiring.worker_urls,
+        engines=qd.metadata.name,
+        admission=(limits.max_concurrent, limits.queue_size),
+    )
+
+
+def tier_router_args(review: Review, i: int, wiring: Wiring = POD) -> list[str]:
+    """The command line of the router of spec.gateway.tiers[i]: the tier's engine pods (discovered by
+    their labels, like this deployment's), its own admission limits, whose refusal is its saturation."""
+    tier = review.resource.spec.gateway.tiers[i]
+    return _args(
+        review,
+        port=wiring.tier_router_port(i),
+        metrics_port=wiring.tier_metrics_port(i),
+        wiring=wiring,
+        worker_urls=wiring.tier_worker_urls[i] if wiring.tier_worker_urls else (),
+        engines=tier.deployment_ref.name,
+        admission=(tier.max_concurrent_requests, tier.queue_size),
+    )
+
+
+def _args(
+    review: Review,
+    *,
+    port: int,
+    metrics_port: int,
+    wiring: Wiring,
+    worker_urls: tuple[str, ...],
+    engines: str,
+    admission: tuple[int, int],
+) -> list[str]:
     qd = review.resource
     g = qd.spec.gateway
-    limits = limits or Limits.of(review)
+    max_concurrent, queue_size = admission
     args = [
         "--host", wiring.router_host,
-        "--port", str(wiring.router_port),
+        "--port", str(port),
         "--policy", g.policy,
     ]  # fmt: skip
-    if wiring.worker_urls:
-        args += ["--worker-urls", *wiring.worker_urls]
+    if worker_urls:
+        args += ["--worker-urls", *worker_urls]
     elif wiring.discover_engines:
         args += [
             "--service-discovery",
-            "--selector", *(f"{k}={v}" for k, v in names.selector(qd, "engine").items()),
+            "--selector", *(f"{k}={v}" for k, v in names.selector_of(engines, "engine").items()),
             "--service-discovery-namespace", qd.metadata.namespace,
             "--service-discovery-port", str(ENGINE_PORT),
         ]  # fmt: skip
     args += [
         "--prometheus-host", wiring.bind_host or "0.0.0.0",
-        "--prometheus-port", str(wiring.router_metrics_port),
+        "--prometheus-port", str(metrics_port),
         # Long generations are not cut short; nginx uses the same budget.
         "--request-timeout-secs", str(review.plan.request_timeout_seconds),
         # Admission: a token bucket of this pod's share of the slots, then a bounded wait queue.
-        "--max-concurrent-requests", str(limits.max_concurrent),
-        "--queue-size", str(limits.queue_size),
+        "--max-concurrent-requests", str(max_concurrent),
+        "--queue-size", str(queue_size),
         "--queue-timeout-secs", str(g.queue_timeout_seconds),
         # A failed attempt (refused, reset, 5xx before any byte) moves to another engine.
         "--retry-max-retries", "3",

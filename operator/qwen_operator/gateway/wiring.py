@@ -10,6 +10,9 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 GATEWAY_METRICS_PORTS = ("metrics", "router-metrics", "nginx-metrics")
 #: The activator's named port (/metrics, /scale), in the pod only with autoscaling.minReplicas 0.
 ACTIVATOR_METRICS_PORT = "activator"
+#: Ports of the tiers' routers in the pod (spec.gateway.tiers[i]: + i), loopback only, and their metrics.
+TIER_ROUTER_PORT = 8100
+TIER_METRICS_PORT = 29010
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,23 @@ class Wiring:
     #: would add them (vllm-router waits at start-up for every static engine, so one that starts later
     #: cannot be static).
     discover_engines: bool = True
+
+    #: Per tier (spec.gateway.tiers, in order): its router's port and metrics port; empty: the pod's,
+    #: TIER_ROUTER_PORT + i and TIER_METRICS_PORT + i.
+    tier_router_ports: tuple[int, ...] = ()
+    tier_metrics_ports: tuple[int, ...] = ()
+    #: Per tier: static engine URLs (tests); empty: Kubernetes discovery of the tier's engine pods.
+    tier_worker_urls: tuple[tuple[str, ...], ...] = ()
+
+    def tier_router_port(self, i: int) -> int:
+        return self.tier_router_ports[i] if self.tier_router_ports else TIER_ROUTER_PORT + i
+
+    def tier_metrics_port(self, i: int) -> int:
+        return self.tier_metrics_ports[i] if self.tier_metrics_ports else TIER_METRICS_PORT + i
+
+    def tier_engine_key_file(self, i: int) -> str:
+        """Where tier i's engine key is mounted (spec.gateway.tiers[i].engineKeySecret)."""
+        return f"{self.engine_key_dir.rsplit('/', 1)[0]}/tier-{i}-engine-key/token"
 
     @property
     def access_log(self) -> str:

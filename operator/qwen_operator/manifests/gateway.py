@@ -13,6 +13,7 @@ from typing import Any
 from .. import names, versions
 from ..api.drains import gateway_grace_seconds
 from ..api.review import Review
+from ..api.spec import SecretKeyRef
 from ..gateway import (
     ACCESS_LOG_SIZE_LIMIT,
     ACTIVATOR_METRICS_PORT,
@@ -64,6 +65,9 @@ def _nginx_container(review: Review, config: GatewayConfig) -> dict[str, Any]:
         mounts.append({"name": "api-keys", "mountPath": w.api_keys_dir, "readOnly": True})
     if names.engine_key(review.resource):
         mounts.append({"name": "engine-key", "mountPath": w.engine_key_dir, "readOnly": True})
+    for i in range(len(review.resource.spec.gateway.tiers)):
+        directory = w.tier_engine_key_file(i).rsplit("/", 1)[0]
+        mounts.append({"name": f"tier{i}-engine-key", "mountPath": directory, "readOnly": True})
     return {
         "name": "nginx",
         "image": gateway_image(review),
@@ -92,7 +96,8 @@ def _nginx_container(review: Review, config: GatewayConfig) -> dict[str, Any]:
     }
 
 
-def _router_container(review: Review, config: GatewayConfig) -> dict[str, Any]:
+def _router_container(review: Review, config: GatewayConfig, tier: int | None = None) -> dict[str, Any]:
+    """The router of this deployment's engines, or (tier i) of spec.gateway.tiers[i]'s."""
     w = config.wiring
     timeout = review.plan.gateway_drain_seconds + DRAIN_DELAY_SECONDS
     # Keep routing until nginx has drained its in-flight streams (nginx removes its pid file on exit).
@@ -102,19 +107,21 @@ def _router_container(review: Review, config: GatewayConfig) -> dict[str, Any]:
         f"while os.path.exists('{w.state_dir}/nginx.pid') and time.monotonic() < deadline:\n"
         "    time.sleep(1)\n"
     )
+    port_name = "router-metrics" if tier is None else f"tier{tier}-metrics"
+    port = w.router_metrics_port if tier is None else w.tier_metrics_port(tier)
     return {
-        "name": "router",
+        "name": "router" if tier is None else f"router-tier{tier}",
         "image": gateway_image(review),
         "command": ["vllm-router"],
-        "args": config.router_args,
+        "args": config.router_args if tier is None else config.tier_router_args[tier],
         "env": [
             {"name": "NO_COLOR", "value": "1"},
             {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
             *({"name": k, "value": v} for k, v in router_env().items()),
         ],
-        "ports": [{"name": "router-metrics", "containerPort": w.router_metrics_port, "protocol": "TCP"}],
+        "ports": [{"name": port_name, "containerPort": port, "protocol": "TCP"}],
         "livenessProbe": {
-            "tcpSocket": {"port": "router-metrics"},
+            "tcpSocket": {"port": port_name},
             "periodSeconds": 10,
             "timeoutSeconds": 5,
             "failureThreshold": 3,
@@ -233,6 +240,22 @@ def _volumes(review: Review, config: GatewayConfig) -> list[dict[str, Any]]:
                 },
             }
         )
+    for i, tier in enumerate(qd.spec.gateway.tiers):
+        tier_key = tier.engine_key_secret or SecretKeyRef(
+            name=names.generated_engine_key_of(tier.deployment_ref.name), key=names.GENERATED_ENGINE_KEY
+        )
+        volumes.append(
+            {
+                "name": f"tier{i}-engine-key",
+                "secret": {
+                    "secretName": tier_key.name,
+                    "items": [{"key": tier_key.key, "path": "token"}],
+                    "defaultMode": 0o440,
+                    # A tier whose engines require no key has no such Secret.
+                    "optional": True,
+                },
+            }
+        )
     return volumes
 
 
@@ -293,6 +316,7 @@ def build_gateway_deployment(review: Review, config: GatewayConfig) -> dict[str,
         "containers": [
             _nginx_container(review, config),
             _router_container(review, config),
+            *(_router_container(review, config, i) for i in range(len(g.tiers))),
             *_exporter_containers(config),
             *_activator_containers(config),
         ],
@@ -311,7 +335,7 @@ def build_gateway_deployment(review: Review, config: GatewayConfig) -> dict[str,
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
                 "metadata": {
-                    "labels": names.labels(qd, "gateway"),
+                    "labels": {**names.labels(qd, "gateway"), **names.fronting_labels(qd)},
                     "annotations": {f"{names.LABEL_PREFIX}/config-hash": config.hash},
                 },
                 "spec": pod_spec,

@@ -83,12 +83,20 @@ def build_engine_network_policy(
     operator: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The engines' guard: vLLM's --api-key covers /v1 only (/invocations, /tokenize, /pooling answer
-    without it), so no pod but this deployment's gateway and the named scrapers may connect at all.
+    without it), so no pod but this deployment's gateway, the gateways that serve it as a tier (in its
+    namespace) and the named scrapers may connect at all.
     With LoRA, the lora-sync sidecar's port (/status, /metrics) admits the scrapers and the operator."""
     qd = review.resource
     port = [{"protocol": "TCP", "port": ENGINE_PORT}]
     ingress = [
-        {"from": [{"podSelector": {"matchLabels": names.selector(qd, "gateway")}}], "ports": port},
+        {
+            "from": [
+                {"podSelector": {"matchLabels": names.selector(qd, "gateway")}},
+                # the gateways of the deployments that serve this one as a tier (spec.gateway.tiers)
+                {"podSelector": {"matchLabels": names.fronted_by(qd.metadata.name)}},
+            ],
+            "ports": port,
+        },
         {"from": [copy.deepcopy(peer) for peer in scrapers], "ports": port},
     ]
     if qd.spec.lora:

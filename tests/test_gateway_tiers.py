@@ -1,0 +1,251 @@
+"""Tiers behind one gateway (spec.gateway.tiers, aliases), through the real gateway: nginx with its njs
+module, one vllm-router per engine set, exactly as rendered, in front of llm-d-inference-sim replicas
+(simulated engines: one serving the base model, one per tier under the tier's model name; what is under
+test is which engine set a request reaches, which each engine's own request counter tells).
+
+Tiers: qwen3-4b (spills to the base model when saturated), qwen3-8b (no spill-over, a per-key limit)
+and qwen3-14b, whose deployment has no engine (missing, or not ready). The alias `auto` sends short
+prompts without tools to qwen3-4b, requests with the header X-Tier: medium to qwen3-8b, the rest to
+the base model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import requests
+
+from qwen_devtools.net import free_ports, metric_sum
+from qwen_devtools.procs import Proc, spawn, temp_log_dir, wait_ready
+from qwen_devtools.realparts.engine import SERVED_MODEL, cpu_qwendeployment
+from qwen_devtools.realparts.gateway import GatewayStack, start_gateway_stack
+from qwen_devtools.realparts.sim import H100_32B, sim_argv
+from qwen_devtools.wait import wait_until
+from qwen_operator.api.review import review
+
+KEYS = {
+    "small-team": "sk-small-0123456789abcdef",  # qwen3-4b and auto only
+    "admin": "sk-admin-0123456789abcdef",  # in no rule: every model
+    "limits": "sk-limits-0123456789abcdef",  # every model; used by the per-key limit test only
+}
+SMALL, MEDIUM, MISSING = "qwen3-4b", "qwen3-8b", "qwen3-14b"
+#: The engine sets, by the model name each serves.
+ENGINES = (SERVED_MODEL, SMALL, MEDIUM)
+HTTP = requests.Session()
+HTTP.trust_env = False  # everything is on 127.0.0.1
+SHORT_PROMPT = "Hello there"
+LONG_PROMPT = "word " * 200  # 1000 bytes: above the alias rule's 400
+
+
+def _deployment() -> dict[str, Any]:
+    one_at_a_time = {"maxConcurrentRequests": 1, "queueSize": 0}
+    return cpu_qwendeployment(
+        gateway={
+            "replicas": 1,
+            "apiKeysSecret": "chat-api-keys",
+            "rateLimit": {"requestsPerMinute": 6000, "burst": 200},
+            "tiers": [
+                {"name": SMALL, "deploymentRef": {"name": "small"}, "spillTo": SERVED_MODEL, **one_at_a_time},
+                {
+                    "name": MEDIUM,
+                    "deploymentRef": {"name": "medium"},
+                    "rateLimit": {"requestsPerMinute": 60, "burst": 3},
+                    **one_at_a_time,
+                },
+                {"name": MISSING, "deploymentRef": {"name": "gone"}},
+            ],
+            "aliases": [
+                {
+                    "name": "auto",
+                    "rules": [
+                        {"model": SMALL, "maxPromptBytes": 400, "tools": False},
+                        {"model": MEDIUM, "header": {"name": "X-Tier", "value": "medium"}},
+                    ],
+                    "default": SERVED_MODEL,
+                }
+            ],
+            "modelAccess": [{"apiKeys": ["small-team"], "models": [SMALL, "auto"]}],
+        }
+    )
+
+
+@dataclass
+class Stack:
+    engines: dict[str, Proc]
+    gateway: GatewayStack
+
+    def send(
+        self, key: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> requests.Response:
+        sent = {"Authorization": f"Bearer {KEYS[key]}", "Content-Type": "application/json", **(headers or {})}
+        return HTTP.post(
+            f"{self.gateway.url}/v1/completions", data=json.dumps(body), headers=sent, timeout=30
+        )
+
+    def counts(self) -> dict[str, float]:
+        """Requests each engine set has answered, from its own metrics."""
+        return {
+            name: metric_sum(f"{proc.url}/metrics", "vllm:request_success_total")
+            for name, proc in self.engines.items()
+        }
+
+    def expect_one_more(self, before: dict[str, float], engine: str) -> None:
+        want = {name: count + (1 if name == engine else 0) for name, count in before.items()}
+        wait_until(lambda: self.counts() == want, 5, f"exactly one more request on {engine}")
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    rev = review(_deployment())
+    assert rev.plan.fits, rev.plan.errors
+    logs = temp_log_dir()
+    engines: dict[str, Proc] = {}
+    gateway = None
+    try:
+        for name, port in zip(ENGINES, free_ports(len(ENGINES)), strict=True):
+            argv = sim_argv(port, 1000, 16, 1024, H100_32B)
+            argv[argv.index("--model") + 1] = name
+            engines[name] = spawn(f"sim-{port}", argv, logs, env={"POD_IP": "127.0.0.1"}, port=port)
+        for proc in engines.values():
+            wait_ready(proc, "/health", 30)
+        gateway = start_gateway_stack(
+            rev,
+            [engines[SERVED_MODEL].url],
+            KEYS,
+            tier_worker_urls=[[engines[SMALL].url], [engines[MEDIUM].url], []],
+        )
+        yield Stack(engines, gateway)
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        for proc in engines.values():
+            proc.stop()
+
+
+def _completion(model: str | None, prompt: str = SHORT_PROMPT, **extra: Any) -> dict[str, Any]:
+    return {"prompt": prompt, "max_tokens": 2, **extra} | ({"model": model} if model else {})
+
+
+@pytest.mark.parametrize("model", ENGINES)
+def test_each_model_name_reaches_its_own_engine_set(stack: Stack, model: str) -> None:
+    before = stack.counts()
+    answer = stack.send("admin", _completion(model))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == model
+    stack.expect_one_more(before, model)
+
+
+# (what the request carries, the engine set the alias `auto` picks)
+ALIAS_CASES = {
+    "short prompt": ({}, {}, SMALL),
+    "long prompt": ({"prompt": LONG_PROMPT}, {}, SERVED_MODEL),
+    "short prompt with tools": (
+        {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        {},
+        SERVED_MODEL,
+    ),
+    "long prompt, header X-Tier: medium": ({"prompt": LONG_PROMPT}, {"X-Tier": "medium"}, MEDIUM),
+    "long prompt, another X-Tier": ({"prompt": LONG_PROMPT}, {"X-Tier": "large"}, SERVED_MODEL),
+}
+
+
+@pytest.mark.parametrize(("extra", "headers", "engine"), ALIAS_CASES.values(), ids=ALIAS_CASES.keys())
+def test_the_alias_routes_as_its_rules_declare(
+    stack: Stack, extra: dict[str, Any], headers: dict[str, str], engine: str
+) -> None:
+    before = stack.counts()
+    answer = stack.send("admin", _completion("auto") | extra, headers)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == engine, "the model is rewritten to the one the alias picked"
+    stack.expect_one_more(before, engine)
+
+
+def _two_at_once(stack: Stack, model: str) -> list[requests.Response]:
+    """Two slow requests at once: the tier's router admits one (maxConcurrentRequests 1, queueSize 0)."""
+    body = _completion(model, max_tokens=40, ignore_eos=True)  # about 1 s on the simulated engine
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(lambda _: stack.send("admin", body), range(2)))
+
+
+def test_a_saturated_tier_spills_to_its_spill_target_only_when_enabled(stack: Stack) -> None:
+    before = stack.counts()
+    answers = _two_at_once(stack, SMALL)
+    assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+    assert sorted(a.json()["model"] for a in answers) == sorted([SMALL, SERVED_MODEL])
+    after = stack.counts()
+    assert after[SMALL] == before[SMALL] + 1 and after[SERVED_MODEL] == before[SERVED_MODEL] + 1, after
+
+    # qwen3-8b has no spillTo: the second request gets the JSON 503, and the base model nothing.
+    before = stack.counts()
+    answers = _two_at_once(stack, MEDIUM)
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses == [200, 503], [a.text for a in answers]
+    refused = next(a for a in answers if a.status_code == 503)
+    assert refused.headers["Content-Type"] == "application/json"
+    assert refused.json()["error"]["code"] == "overloaded", refused.text
+    after = stack.counts()
+    assert after[MEDIUM] == before[MEDIUM] + 1 and after[SERVED_MODEL] == before[SERVED_MODEL], after
+
+
+def test_an_unsaturated_tier_does_not_spill(stack: Stack) -> None:
+    before = stack.counts()
+    for _ in range(3):
+        answer = stack.send("admin", _completion(SMALL))
+        assert answer.status_code == 200 and answer.json()["model"] == SMALL, answer.text
+    after = stack.counts()
+    assert after[SMALL] == before[SMALL] + 3 and after[SERVED_MODEL] == before[SERVED_MODEL], after
+
+
+def test_a_tier_without_ready_engines_gets_a_json_error(stack: Stack) -> None:
+    for model in (MISSING,):
+        answer = stack.send("admin", _completion(model))
+        assert answer.status_code == 503, answer.text
+        assert answer.headers["Content-Type"] == "application/json"
+        assert answer.json()["error"]["code"] == "no_engine_available", answer.text
+
+
+@pytest.mark.parametrize(
+    ("model", "prompt", "engine"),
+    [(SMALL, SHORT_PROMPT, SMALL), ("auto", SHORT_PROMPT, SMALL), (SERVED_MODEL, SHORT_PROMPT, None),
+     (MEDIUM, SHORT_PROMPT, None), ("auto", LONG_PROMPT, None)],
+)  # fmt: skip
+def test_a_key_limited_to_the_small_tier_gets_403_for_the_others(
+    stack: Stack, model: str, prompt: str, engine: str | None
+) -> None:
+    """An alias is checked twice: the key may use `auto`, and the model `auto` picks (a long prompt
+    would get the base model, which the key may not use)."""
+    before = stack.counts()
+    answer = stack.send("small-team", _completion(model, prompt))
+    if engine is not None:
+        assert answer.status_code == 200, answer.text
+        stack.expect_one_more(before, engine)
+        return
+    assert answer.status_code == 403, answer.text
+    assert answer.json()["error"]["code"] == "model_not_allowed"
+    assert stack.counts() == before, "a denied request reached an engine"
+
+
+def test_a_tiers_per_key_limit_applies_to_its_requests_only(stack: Stack) -> None:
+    """qwen3-8b: 60 per minute, burst 3 (4 at once); the base model's requests do not count."""
+    statuses = [stack.send("limits", _completion(MEDIUM)).status_code for _ in range(6)]
+    assert statuses[:4] == [200] * 4 and 429 in statuses[4:], statuses
+    limited = stack.send("limits", _completion(MEDIUM))
+    assert limited.status_code == 429 and limited.headers["Retry-After"] == "1", limited.text
+    assert limited.json()["error"]["code"] == "rate_limit_exceeded"
+    assert MEDIUM in limited.json()["error"]["message"]
+    assert stack.send("limits", _completion(SERVED_MODEL)).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("key", "listed"),
+    [("small-team", {SMALL, "auto"}), ("admin", {SERVED_MODEL, SMALL, MEDIUM, MISSING, "auto"})],
+)
+def test_models_lists_what_the_key_may_call(stack: Stack, key: str, listed: set[str]) -> None:
+    answer = HTTP.get(f"{stack.gateway.url}/v1/models", headers={"Authorization": f"Bearer {KEYS[key]}"})
+    assert answer.status_code == 200, answer.text
+    assert {card["id"] for card in answer.json()["data"]} == listed

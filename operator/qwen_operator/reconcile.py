@@ -28,7 +28,7 @@ from .manifests.engine import hands_replicas_over
 from .manifests.gateway import GENERATED_KEY_ID, generated_api_keys_secret, generated_engine_key_secret
 from .manifests.policy import OPERATOR_PEER_ENV, SCRAPERS_ENV, parse_operator_peer, parse_scrapers
 from .metrics import DEPLOYMENTS_READY, MANAGED_OBJECTS, RECONCILE_SECONDS, RECONCILES
-from .status import Observed, compute_status, events, merge_patch
+from .status import Observed, TierObservation, compute_status, events, merge_patch
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,17 @@ def _reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
         c["type"] == "AdaptersLoaded" and c["reason"] in ("Loading", "LoadFailed", "Unloading")
         for c in status["conditions"]
     )
-    requeue = WAITING_POLL_SECONDS if pending else ADAPTER_POLL_SECONDS if loading else None
+    # The tiers' deployments are not watched from here: their state is read again on this poll.
+    tiers = bool(rev.resource.spec.gateway.tiers)
+    requeue = (
+        WAITING_POLL_SECONDS
+        if pending
+        else ADAPTER_POLL_SECONDS
+        if loading
+        else WAITING_POLL_SECONDS
+        if tiers
+        else None
+    )
     return Result(status, writes, requeue_after=requeue)
 
 
@@ -359,6 +369,13 @@ def _observe(cluster: Cluster, obs: Observed, rev: Review) -> None:
         _observe_scaling(cluster, obs, rev)
     if qd.spec.lora is not None:
         obs.lora = adapters.observe(obs.pods, [a.name for a in qd.spec.lora.adapters], _sidecar_status)
+    if qd.spec.gateway.tiers:
+        obs.tiers = [
+            TierObservation(
+                t.name, t.deployment_ref.name, cluster.get_qwendeployment(ns, t.deployment_ref.name)
+            )
+            for t in qd.spec.gateway.tiers
+        ]
 
 
 #: Seconds one lora-sync sidecar may take to answer before its pod counts as not reporting.

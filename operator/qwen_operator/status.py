@@ -22,6 +22,9 @@ Conditions (all always present, so `kubectl wait --for=condition=X` works):
   ScaledToZero    only with autoscaling.minReplicas 0: True (Idle) while no engine runs; False from the
                   wake (Waking: replicas asked for, none ready; its lastTransitionTime is when the wake
                   began) through Serving. Ready is then False with reason ScaledToZero, not NoReadyReplicas
+  TiersReady      only with spec.gateway.tiers: every tier's QwenDeployment exists, serves the tier's model
+                  name and has a ready engine replica (False names each tier that does not: reasons
+                  DeploymentNotFound, ModelNameMismatch, NoReadyReplicas); status.tiers has each tier's state
 
 Each optional child kind is reported by the condition `qwen_operator.kinds` assigns it.
 """
@@ -55,8 +58,47 @@ CONDITION_TYPES = (
     "Synced",
 )
 #: Conditions a status has only when the spec asks for what they report (AdaptersLoaded: spec.lora;
-#: ScaledToZero: autoscaling.minReplicas 0).
-OPTIONAL_CONDITION_TYPES = ("AdaptersLoaded", "ScaledToZero")
+#: ScaledToZero: autoscaling.minReplicas 0; TiersReady: spec.gateway.tiers).
+OPTIONAL_CONDITION_TYPES = ("AdaptersLoaded", "ScaledToZero", "TiersReady")
+
+
+@dataclass(frozen=True)
+class TierObservation:
+    """What the reconciler saw of one tier's QwenDeployment (spec.gateway.tiers[i])."""
+
+    name: str  # the tier's model name
+    deployment: str
+    #: The QwenDeployment as read; None: not found in the namespace.
+    body: dict[str, Any] | None
+
+    @property
+    def served_name(self) -> str | None:
+        """The model name its engines serve (its spec.model.servedModelName, else spec.model.name)."""
+        model = (self.body or {}).get("spec", {}).get("model", {})
+        return model.get("servedModelName") or model.get("name")
+
+    @property
+    def ready_replicas(self) -> int:
+        return int((self.body or {}).get("status", {}).get("readyReplicas", 0) or 0)
+
+    def state(self) -> tuple[bool, str, str]:
+        """(ready, reason, message) of the tier."""
+        if self.body is None:
+            return (
+                False,
+                "DeploymentNotFound",
+                f"QwenDeployment {self.deployment} not found in this namespace",
+            )
+        if self.served_name != self.name:
+            return (
+                False,
+                "ModelNameMismatch",
+                f"{self.deployment} serves {self.served_name!r}, not {self.name!r}: set its "
+                "spec.model.servedModelName or the tier's name",
+            )
+        if self.ready_replicas < 1:
+            return False, "NoReadyReplicas", f"{self.deployment} has no ready engine replica"
+        return True, "Ready", f"{self.deployment}: {self.ready_replicas} ready engine replica(s)"
 
 
 @dataclass
@@ -94,6 +136,8 @@ class Observed:
     engine_update: dict[str, Any] | None = None
     #: Where each LoRA adapter is loaded, from the engine pods' lora-sync sidecars (adapters.py).
     lora: LoraObservation | None = None
+    #: The QwenDeployments of spec.gateway.tiers, in order; None: not observed (no tiers).
+    tiers: list[TierObservation] | None = None
 
     @property
     def plan_errors(self) -> list[str]:
@@ -444,6 +488,36 @@ def _adapters_loaded(seen: LoraObservation | None) -> dict[str, Any]:
     )
 
 
+def _tiers_status(tiers: list[TierObservation] | None) -> list[dict[str, Any]] | None:
+    if not tiers:
+        return None
+    entries = []
+    for tier in tiers:
+        ready, reason, message = tier.state()
+        entries.append(
+            {
+                "name": tier.name,
+                "deployment": tier.deployment,
+                "ready": ready,
+                "readyReplicas": tier.ready_replicas,
+                "reason": reason,
+                "message": message,
+            }
+        )
+    return entries
+
+
+def _tiers_ready(tiers: list[TierObservation] | None) -> dict[str, Any]:
+    """TiersReady: every tier serves, or which do not and why (the first such tier's reason)."""
+    if tiers is None:
+        return _cond("TiersReady", None, "NotObserved", "the tiers' deployments were not read")
+    problems = [(tier, *tier.state()[1:]) for tier in tiers if not tier.state()[0]]
+    if not problems:
+        return _cond("TiersReady", True, "Ready", f"{len(tiers)} tier(s) serve")
+    message = "; ".join(f"tier {tier.name}: {message}" for tier, _, message in problems)
+    return _cond("TiersReady", False, problems[0][1], message + " (its requests get a JSON 503)")
+
+
 def _skipped_message(skipped: list[Skipped]) -> str:
     return "skipped: " + "; ".join(s.describe() for s in skipped)
 
@@ -560,6 +634,9 @@ def compute_status(
         types.append("AdaptersLoaded")
     if "ScaledToZero" in conds:
         types.append("ScaledToZero")
+    if obs.review is not None and obs.review.resource.spec.gateway.tiers:
+        conds["TiersReady"] = _tiers_ready(obs.tiers)
+        types.append("TiersReady")
     status: dict[str, Any] = {
         "observedGeneration": obs.generation,
         "phase": _phase(conds),
@@ -582,6 +659,7 @@ def compute_status(
         "gateway": _gateway_status(obs),
         "engineUpdate": obs.engine_update,
         "lora": _lora_status(obs.lora),
+        "tiers": _tiers_status(obs.tiers),
     }
     status.update({k: v for k, v in optional.items() if v is not None})
     return _without_nulls(status)

@@ -229,11 +229,33 @@ def status_schema() -> dict[str, Any]:
                     }
                 },
             },
+            "tiers": {
+                "type": "array",
+                "description": "Each tier of spec.gateway.tiers: whether its deployment serves (TiersReady).",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string", "description": "The tier's model name."},
+                        "deployment": {"type": "string", "description": "Its QwenDeployment."},
+                        "ready": {
+                            "type": "boolean",
+                            "description": "Its engines serve under the tier's name.",
+                        },
+                        "readyReplicas": {"type": "integer", "description": "Its ready engine replicas."},
+                        "reason": {
+                            "type": "string",
+                            "description": "Ready, DeploymentNotFound, ModelNameMismatch or NoReadyReplicas.",
+                        },
+                        "message": {"type": "string", "description": "Details, for people."},
+                    },
+                },
+            },
             "conditions": {
                 "type": "array",
                 "description": "Typed conditions: Ready, ConfigValid, CapacityFit, Scheduled, Progressing, "
-                "ScalingReady, MonitoringReady, ExposureReady, ReferencesResolved, Synced, and "
-                "AdaptersLoaded with spec.lora.",
+                "ScalingReady, MonitoringReady, ExposureReady, ReferencesResolved, Synced, "
+                "AdaptersLoaded with spec.lora, ScaledToZero with autoscaling.minReplicas 0, and TiersReady "
+                "with spec.gateway.tiers.",
                 "items": _condition_schema(),
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],

@@ -207,6 +207,7 @@ def test_a_tier_without_ready_engines_gets_a_json_error(stack: Stack) -> None:
         assert answer.status_code == 503, answer.text
         assert answer.headers["Content-Type"] == "application/json"
         assert answer.json()["error"]["code"] == "no_engine_available", answer.text
+        assert f"No engine replica of {model} is ready" in answer.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ the next resync. tests/test_gateway_tiers.py runs the rendered gateway."""
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +22,8 @@ from qwen_devtools.vllm_env import vllm_router_bin
 from qwen_operator import gateway, names
 from qwen_operator.api.review import Review, review
 from qwen_operator.api.spec import SpecError
+from qwen_operator.gateway import Limits
+from qwen_operator.gateway.holding import models_at_zero
 from qwen_operator.manifests import ClusterFacts, build_children
 from qwen_operator.status import CONDITION_TYPES, Observed, TierObservation, compute_status, merge_patch
 from support import example
@@ -215,7 +218,22 @@ def test_the_pod_runs_a_router_per_tier_and_mounts_each_tiers_engine_key() -> No
     assert labels["fronts.qwenops.dev/small"] == labels["fronts.qwenops.dev/medium"] == "gateway"
 
 
-@pytest.mark.parametrize("variant", ["tiers-and-alias", "alias-only", "tiers-with-access", "no-auth"])
+def _at_zero(**gateway_fields: Any) -> Review:
+    body = _body(tiers=TIERS, aliases=[AUTO], **gateway_fields)
+    body["spec"].pop("replicas", None)
+    body["spec"]["autoscaling"] = {
+        "minReplicas": 0,
+        "maxReplicas": 2,
+        "driver": "keda",
+        "prometheusAddress": "http://prometheus.monitoring:9090",
+    }
+    return review(body)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    ["tiers-and-alias", "alias-only", "tiers-with-access", "no-auth", "at-zero", "at-zero-with-access"],
+)
 def test_nginx_accepts_the_rendered_tier_config(variant: str, tmp_path: Path) -> None:
     access = [{"apiKeys": ["team-a"], "models": ["qwen3-4b", "auto"]}]
     rev = {
@@ -223,6 +241,8 @@ def test_nginx_accepts_the_rendered_tier_config(variant: str, tmp_path: Path) ->
         "alias-only": lambda: review(_body(aliases=[AUTO | {"rules": [], "default": BASE}])),
         "tiers-with-access": lambda: _review(modelAccess=access),
         "no-auth": lambda: _review(auth="none", apiKeysSecret=None),
+        "at-zero": _at_zero,
+        "at-zero-with-access": lambda: _at_zero(modelAccess=access),
     }[variant]()
     wiring = loopback_wiring(
         tmp_path, ["http://127.0.0.1:9"], [["http://127.0.0.1:9"]] * len(rev.resource.spec.gateway.tiers)
@@ -359,3 +379,26 @@ def test_a_spilled_or_aliased_request_is_rewritten_to_the_model_picked() -> None
     assert "tier-self.sock backup;" in spill
     assert "backup" not in conf[conf.index("upstream tier_t1_route") :].split("}")[0]
     assert copy.deepcopy(conf) == gateway.nginx_conf(_review())  # rendering is deterministic
+
+
+def test_at_zero_only_this_deployments_own_requests_are_held_and_listings_name_the_tiers() -> None:
+    """The activator replays a held request to this deployment's router: a tier's request (or one an
+    alias sent elsewhere) must get its 503 instead, and the listing nginx answers at zero names them."""
+    rev = _at_zero(modelAccess=[{"apiKeys": ["team-a"], "models": ["qwen3-4b", "auto"]}])
+    conf = gateway.nginx_conf(rev)
+    unready = conf[conf.index("$unready_answer {") :].split("}")[0]
+    assert '"router|POST|" hold;' in unready and "default no_engine;" in unready
+    lists = models_at_zero(rev)
+    assert lists is not None
+    assert [c["id"] for c in json.loads(lists[""])["data"]] == [BASE, "qwen3-4b", "qwen3-8b", "auto"]
+    assert [c["id"] for c in json.loads(lists["m0"])["data"]] == ["qwen3-4b", "auto"]
+
+
+def test_the_pods_in_flight_cap_makes_room_for_each_tiers_admission() -> None:
+    """limit_conn counts every request in the pod: the tiers' routers admit their own on top of the base's."""
+    plain, tiered = (
+        Limits.of(review(_body())),
+        Limits.of(_review(tiers=[TIERS[0] | {"queueSize": 8}, TIERS[1]])),
+    )
+    assert tiered.in_flight == plain.in_flight + (256 + 8) + 256
+    assert tiered.max_concurrent == plain.max_concurrent  # the base's router is unchanged

@@ -43,9 +43,14 @@ def hold_read_timeout(review: Review) -> int:
 
 
 def _model_list(review: Review, names: list[str]) -> str:
-    base = review.resource.spec.served_model_name
+    spec = review.resource.spec
+    base = spec.served_model_name
+    routed = {*spec.tier_names, *spec.alias_names}
     cards = [
-        {
+        # a tier's or an alias's card as the gateway adds it to the engines' list (model-access.js)
+        {"id": name, "object": "model", "created": 0, "owned_by": "qwen-gateway"}
+        if name in routed
+        else {
             "id": name,
             "object": "model",
             "created": 0,
@@ -63,9 +68,9 @@ def models_at_zero(review: Review) -> dict[str, str] | None:
     in the shape of vLLM's list: every key sees the names it may use, no engine wakes. None (the
     listing gets 503) when a name would need escaping in nginx.conf's single-quoted text."""
     spec = review.resource.spec
-    lists = {"": _model_list(review, spec.model_names)}
+    lists = {"": _model_list(review, spec.routable_names)}
     for group in access_groups(spec):
-        lists[group.id] = _model_list(review, [m for m in spec.model_names if m in group.models])
+        lists[group.id] = _model_list(review, [m for m in spec.routable_names if m in group.models])
     if any(set("$'\\") & set(text) for text in lists.values()):
         return None
     return lists

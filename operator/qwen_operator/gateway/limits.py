@@ -63,6 +63,8 @@ class Limits:
         at_once = rate_share(g.rate_limit.burst + 1, g.replicas)
         concurrent = pass_through(review)
         queue = _per_pod(g.queue_size, g.replicas)
+        # The tiers' requests pass the same in-flight cap: each tier's router admits its own share.
+        tiers = sum(t.max_concurrent_requests + t.queue_size for t in g.tiers)
         return Limits(
             rate_per_minute=rate,
             key_rate_per_minute=g.rate_limit.requests_per_minute,
@@ -71,7 +73,7 @@ class Limits:
             retry_after=max(1, math.ceil(60 / rate)),  # time for one request's worth to refill in this pod
             max_concurrent=concurrent,
             queue_size=queue,
-            in_flight=concurrent + queue,
+            in_flight=concurrent + queue + tiers,
         )
 
     def rate_limited_message(self) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from qwen_devtools.net import LOOPBACK, free_ports
 from qwen_devtools.procs import running, spawn, wait_ready
@@ -26,7 +27,7 @@ from qwen_operator.gateway import Limits
 from qwen_operator.gateway.holding import models_at_zero
 from qwen_operator.manifests import ClusterFacts, build_children
 from qwen_operator.status import CONDITION_TYPES, Observed, TierObservation, compute_status, merge_patch
-from support import example
+from support import REPO, example
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 T1 = datetime(2026, 1, 2, tzinfo=UTC)
@@ -392,6 +393,19 @@ def test_at_zero_only_this_deployments_own_requests_are_held_and_listings_name_t
     assert lists is not None
     assert [c["id"] for c in json.loads(lists[""])["data"]] == [BASE, "qwen3-4b", "qwen3-8b", "auto"]
     assert [c["id"] for c in json.loads(lists["m0"])["data"]] == ["qwen3-4b", "auto"]
+
+
+def test_the_worked_example_in_the_docs_is_valid_and_its_tier_serves_its_name() -> None:
+    text = (REPO / "docs" / "gateway.md").read_text()
+    section = text[text.index("### A worked example") :]
+    block = section[section.index("```yaml\n") + 8 : section.index("```\n", section.index("```yaml\n") + 8)]
+    small, chat = (review(body) for body in yaml.safe_load_all(block))
+    assert small.plan.fits and chat.plan.fits
+    (tier,) = chat.resource.spec.gateway.tiers
+    assert tier.deployment_ref.name == small.resource.metadata.name
+    model = {"name": small.resource.spec.model.name, "servedModelName": small.resource.spec.served_model_name}
+    seen = TierObservation(tier.name, "small", {"spec": {"model": model}, "status": {"readyReplicas": 2}})
+    assert seen.state()[:2] == (True, "Ready")
 
 
 def test_the_pods_in_flight_cap_makes_room_for_each_tiers_admission() -> None:

@@ -250,3 +250,25 @@ def test_models_lists_what_the_key_may_call(stack: Stack, key: str, listed: set[
     answer = HTTP.get(f"{stack.gateway.url}/v1/models", headers={"Authorization": f"Bearer {KEYS[key]}"})
     assert answer.status_code == 200, answer.text
     assert {card["id"] for card in answer.json()["data"]} == listed
+
+
+def test_an_engines_own_error_for_a_tier_passes_unchanged(stack: Stack) -> None:
+    """nginx asks again for an engine's refusal whose body it intercepted: at the tier, not the base
+    (whose engine would answer 404, a model it does not serve)."""
+    before = stack.counts()
+    too_long = _completion(SMALL, "word " * 2000)  # over the simulated engine's 1024-token context
+    answer = stack.send("admin", too_long)
+    assert answer.status_code == 400 and "context length" in answer.text, answer.text
+    assert answer.headers["Content-Type"].startswith("application/json")
+    assert stack.counts() == before  # refused by the tier's engine, served nowhere
+
+
+def test_a_tiers_stream_passes_event_by_event(stack: Stack) -> None:
+    body = _completion("auto", max_tokens=5, stream=True)
+    sent = {"Authorization": f"Bearer {KEYS['admin']}", "Content-Type": "application/json"}
+    with HTTP.post(f"{stack.gateway.url}/v1/completions", data=json.dumps(body), headers=sent, stream=True,
+                   timeout=30) as answer:  # fmt: skip
+        assert answer.status_code == 200 and answer.headers["Content-Type"].startswith("text/event-stream")
+        events = [line for line in answer.iter_lines() if line.startswith(b"data: ")]
+    assert events[-1] == b"data: [DONE]"
+    assert all(json.loads(e[6:])["model"] == SMALL for e in events[:-1]), events

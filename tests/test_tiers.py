@@ -17,7 +17,7 @@ import yaml
 
 from qwen_devtools.net import LOOPBACK, free_ports
 from qwen_devtools.procs import running, spawn, wait_ready
-from qwen_devtools.realparts.gateway import loopback_wiring
+from qwen_devtools.realparts.gateway import loopback_wiring, write_secret_volume
 from qwen_devtools.realparts.nginx import nginx_check
 from qwen_devtools.vllm_env import vllm_router_bin
 from qwen_operator import gateway, names
@@ -416,3 +416,27 @@ def test_the_pods_in_flight_cap_makes_room_for_each_tiers_admission() -> None:
     )
     assert tiered.in_flight == plain.in_flight + (256 + 8) + 256
     assert tiered.max_concurrent == plain.max_concurrent  # the base's router is unchanged
+
+
+def test_each_tier_server_sends_its_tiers_engine_key(tmp_path: Path) -> None:
+    """run-nginx.sh renders the Authorization header of each tier from its mounted key (a tier without
+    the Secret: none), and re-renders it when kubelet updates the Secret."""
+    rev = _review()
+    wiring = loopback_wiring(tmp_path, ["http://127.0.0.1:9"], [["http://127.0.0.1:9"]] * 2)
+    config = Path(wiring.config_dir)
+    config.mkdir(parents=True)
+    for name, text in gateway.config_files(rev, wiring).items():
+        (config / name).write_text(text)
+    write_secret_volume(Path(wiring.tier_engine_key_file(0)).parent, {"token": "small-engine-0123"})
+    script = ["/bin/sh", str(config / "run-nginx.sh"), "render"]
+    assert subprocess.run(script, capture_output=True).returncode == 0
+    state = Path(wiring.state_dir)
+    assert (
+        state / "engine-auth-t0.conf"
+    ).read_text() == 'proxy_set_header Authorization "Bearer small-engine-0123";\n'
+    assert (state / "engine-auth-t1.conf").read_text() == 'proxy_set_header Authorization "";\n'
+    conf = (config / "nginx.conf").read_text()
+    assert f"include {state}/engine-auth-t0.conf;" in conf and f"include {state}/engine-auth-t1.conf;" in conf
+    write_secret_volume(Path(wiring.tier_engine_key_file(0)).parent, {"token": "small-engine-4567"})
+    assert subprocess.run(script, capture_output=True).returncode == 0
+    assert "small-engine-4567" in (state / "engine-auth-t0.conf").read_text()

@@ -436,7 +436,14 @@ def test_each_tier_server_sends_its_tiers_engine_key(tmp_path: Path) -> None:
     ).read_text() == 'proxy_set_header Authorization "Bearer small-engine-0123";\n'
     assert (state / "engine-auth-t1.conf").read_text() == 'proxy_set_header Authorization "";\n'
     conf = (config / "nginx.conf").read_text()
-    assert f"include {state}/engine-auth-t0.conf;" in conf and f"include {state}/engine-auth-t1.conf;" in conf
+    # each tier server sets its own engines' key, `self` the base's: a request spilled from qwen3-4b to
+    # the base model must not reach the base engines with qwen3-4b's key
+    servers = {
+        server.split(".sock;", 1)[0]: server for server in conf.split(f"listen unix:{state}/tier-")[1:]
+    }
+    assert f"include {state}/engine-auth-t0.conf;" in servers["t0"]
+    assert f"include {state}/engine-auth-t1.conf;" in servers["t1"]
+    assert f"include {state}/engine-auth.conf;" in servers["self"].split("server {")[0]
     write_secret_volume(Path(wiring.tier_engine_key_file(0)).parent, {"token": "small-engine-4567"})
     assert subprocess.run(script, capture_output=True).returncode == 0
     assert "small-engine-4567" in (state / "engine-auth-t0.conf").read_text()

@@ -29,7 +29,7 @@ RESULTS = HERE / "results"
 README = REPO / "README.md"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 #: In the order they run: the cheapest first, so a broken part shows early.
-SCENARIOS = ("operator", "gateway", "gateway_profile", "routing", "engine", "lora_affinity")
+SCENARIOS = ("operator", "gateway", "gateway_profile", "routing", "engine", "lora_affinity", "tiers")
 
 
 def machine() -> str:

@@ -87,14 +87,17 @@ def test_engine_args(rendered_args: Sequence[str]) -> list[str]:
 test_engine_args.__test__ = False  # type: ignore[attr-defined]  # not a test, despite the name
 
 
-def engine_argv(model: Path, port: int, extra_args: Sequence[str] = ()) -> list[str]:
-    """The engine's command line: the tiny model on loopback, a 1024-token context, then extra_args."""
+def engine_argv(
+    model: Path, port: int, extra_args: Sequence[str] = (), served_model: str = SERVED_MODEL
+) -> list[str]:
+    """The engine's command line: the tiny model on loopback under `served_model`, a 1024-token context,
+    then extra_args."""
     return [
         str(vllm_python()),
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model", str(model),
-        "--served-model-name", SERVED_MODEL,
+        "--served-model-name", served_model,
         "--host", LOOPBACK,
         "--port", str(port),
         "--max-model-len", "1024",
@@ -120,12 +123,13 @@ def spawn_engine(
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     log_dir: Path | None = None,
+    served_model: str = SERVED_MODEL,
 ) -> Proc:
     """Start an engine without waiting; pair with wait_ready(proc, "/health", ...) and proc.stop()."""
     port = port or free_port()
     return spawn(
         f"engine-{port}",
-        engine_argv(model, port, extra_args),
+        engine_argv(model, port, extra_args, served_model),
         log_dir or temp_log_dir(),
         env={**ENGINE_ENV, **(env or {})},
         port=port,

@@ -247,9 +247,12 @@ def start_gateway(
     api_keys: Mapping[str, str] | None = None,
     engine_key: str | None = None,
     edit: Callable[[str, str], str] | None = None,
+    tier_worker_urls: Sequence[Sequence[str]] = (),
 ) -> Iterator[GatewayStack]:
     """Context-managed start_gateway_stack."""
-    stack = start_gateway_stack(review, worker_urls, api_keys, engine_key, edit=edit)
+    stack = start_gateway_stack(
+        review, worker_urls, api_keys, engine_key, edit=edit, tier_worker_urls=tier_worker_urls
+    )
     try:
         yield stack
     finally:

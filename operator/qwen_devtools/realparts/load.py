@@ -120,18 +120,27 @@ def _session() -> aiohttp.ClientSession:
     )
 
 
-async def closed_loop(target: Target, body: Body, users: int, seconds: float, ramp: float = 0.0) -> Run:
+async def closed_loop(
+    target: Target,
+    body: Body,
+    users: int,
+    seconds: float,
+    ramp: float = 0.0,
+    tag: Callable[[dict[str, Any]], str] | None = None,
+) -> Run:
     """`users` clients, started evenly over `ramp` seconds (no burst of simultaneous first requests),
     each sending its next request when the last one finished, until `ramp` + `seconds`. Every request
     started by then counts, and the run lasts until the last one finished: a slow variant still gives
-    one sample per client, and its throughput is what it completed over the time it took."""
+    one sample per client, and its throughput is what it completed over the time it took. `tag(body)`
+    names the kind of each request in a mixed stream (Run.only)."""
     samples: list[Sample] = []
 
     async def user(session: aiohttp.ClientSession, delay: float, deadline: float) -> None:
         await asyncio.sleep(delay)
         while time.perf_counter() < deadline:
             url, headers = target()
-            samples.append(await stream(session, url, body(), headers))
+            sent = body()
+            samples.append(await stream(session, url, sent, headers, tag(sent) if tag else ""))
 
     async with _session() as session:
         start = time.perf_counter()

@@ -32,16 +32,14 @@ SIM_VERSION = versions.INFERENCE_SIM
 
 @dataclass(frozen=True)
 class GpuTimings:
-    """Per-request timings of Qwen3-32B-class serving on H100s, fixed from published figures before any run.
+    """Per-request timings of one model size on one GPU, fixed from published figures before any run.
 
-    Source: llm-d-inference-sim v0.10.2, docs/latency-profiles.md, "Reference Tables" (compiled there
-    from public vLLM, MLPerf and GPU vendor benchmarks; BF16, batch 1), row "30-34B (TP=2)", column
-    H100: time to first token 160-280 ms for a 256-token prompt, inter-token latency 20-30 ms,
-    prefill-overhead 50-80 ms, prefill-time-per-token 0.30-0.50 ms. The midpoints are taken
-    (65 + 256 x 0.40 = 167 ms, inside the TTFT row). Jitter: the same page puts inter-token std-dev at
-    5-15% of the mean (10% taken) and its per-token profile uses a 5 ms prefill std-dev;
-    time-factor-under-load 2.0 is its "realistic for latency-optimized deployments" value (that of its
-    balanced H100 profile). Only cached prompt tokens skip prefill (the per-token calculator).
+    Source of both instances below: llm-d-inference-sim v0.10.2, docs/latency-profiles.md, "Reference
+    Tables" (compiled there from public vLLM, MLPerf and GPU vendor benchmarks; BF16, batch 1), column
+    H100, the midpoint of each range. Jitter: the same page puts inter-token std-dev at 5-15% of the mean
+    (10% taken) and its per-token profile uses a 5 ms prefill std-dev; time-factor-under-load 2.0 is its
+    "realistic for latency-optimized deployments" value (that of its balanced H100 profile). Only cached
+    prompt tokens skip prefill (the per-token calculator).
     """
 
     prefill_overhead_ms: float = 65.0
@@ -51,6 +49,8 @@ class GpuTimings:
     inter_token_std_dev_ms: float = 2.5
     load_factor: float = 2.0
     block_size: int = 16  # vLLM's default KV block on GPUs
+    #: The row of the page's tables these numbers come from (for the notes).
+    row: str = "30-34B (TP=2)"
 
     def args(self) -> list[str]:
         return [
@@ -69,12 +69,26 @@ class GpuTimings:
         return (
             f"simulated engines: prefill {self.prefill_overhead_ms:g} ms + {self.prefill_per_token_ms:g} ms "
             f"per uncached prompt token, {self.inter_token_ms:g} ms per output token, x{self.load_factor:g} "
-            f"when full (llm-d-inference-sim {SIM_VERSION} docs/latency-profiles.md, 30-34B TP=2 on H100, "
+            f"when full (llm-d-inference-sim {SIM_VERSION} docs/latency-profiles.md, row {self.row} on H100, "
             "midpoints; fixed before the run)"
         )
 
 
+#: Qwen3-32B: row "30-34B (TP=2)": time to first token 160-280 ms for a 256-token prompt, inter-token
+#: latency 20-30 ms, prefill-overhead 50-80 ms, prefill-time-per-token 0.30-0.50 ms; 65 + 256 x 0.40 =
+#: 167 ms, inside the TTFT row.
 H100_32B = GpuTimings()
+#: Qwen3-8B, the small tier (on one H100; the page has no 4B row): row "7-8B": time to first token
+#: 60-120 ms for a 256-token prompt, inter-token latency 10-15 ms (std-dev "1-3 ms for the 8B/H100
+#: row"), prefill-overhead 25-40 ms, prefill-time-per-token 0.15-0.30 ms; 32.5 + 256 x 0.225 = 90 ms,
+#: inside the TTFT row (the page's own sanity check takes 30 + 256 x 0.25 = 94 ms).
+H100_8B = GpuTimings(
+    prefill_overhead_ms=32.5,
+    prefill_per_token_ms=0.225,
+    inter_token_ms=12.5,
+    inter_token_std_dev_ms=1.25,
+    row="7-8B",
+)
 
 
 def sim_bin() -> Path:
@@ -89,12 +103,17 @@ def sim_bin() -> Path:
 
 
 def sim_argv(
-    port: int, kv_blocks: int, max_num_seqs: int, max_model_len: int, timings: GpuTimings
+    port: int,
+    kv_blocks: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    timings: GpuTimings,
+    model: str = SERVED_MODEL,
 ) -> list[str]:
-    """One replica serving Qwen/Qwen3-32B on loopback with the in-process tokenizer and a prefix cache."""
+    """One replica serving `model` on loopback with the in-process tokenizer and a prefix cache."""
     return [
         str(sim_bin()),
-        "--model", SERVED_MODEL,
+        "--model", model,
         "--port", str(port),
         "--force-dummy-tokenizer",  # no render service: tokens are words, hashed
         "--enable-kvcache",
@@ -116,13 +135,15 @@ def start_sims(
     max_model_len: int,
     timings: GpuTimings = H100_32B,
     log_dir: Path | None = None,
+    model: str = SERVED_MODEL,
 ) -> Iterator[list[Proc]]:
-    """`count` simulated engines, ready (/health 200); all stopped when the block ends, however it ends."""
+    """`count` simulated engines serving `model`, ready (/health 200); all stopped when the block ends,
+    however it ends."""
     log_dir = log_dir or temp_log_dir()
     procs: list[Proc] = []
     try:
         for port in free_ports(count):
-            argv = sim_argv(port, kv_blocks, max_num_seqs, max_model_len, timings)
+            argv = sim_argv(port, kv_blocks, max_num_seqs, max_model_len, timings, model)
             # POD_IP names the replica in its KV event topic; --enable-kvcache refuses to start without it.
             procs.append(spawn(f"sim-{port}", argv, log_dir, env={"POD_IP": "127.0.0.1"}, port=port))
         for proc in procs:

@@ -90,6 +90,24 @@ def test_every_crd_property_is_camel_case() -> None:
     walk(crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"], "spec")
 
 
+def test_every_required_crd_property_is_in_the_schema() -> None:
+    """A field named like a schema keyword (an alias's `default`) is a property all the same: dropped,
+    the API server refused every alias as an unknown field (found by e2e/test_crd.py)."""
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            missing = set(node.get("required") or []) - set(node.get("properties") or {})
+            assert not missing, f"{path}: required but not in properties: {sorted(missing)}"
+            for name, child in (node.get("properties") or {}).items():
+                walk(child, f"{path}.{name}")
+            walk(node.get("items"), f"{path}[]")
+
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    walk(spec, "spec")
+    alias = spec["properties"]["gateway"]["properties"]["aliases"]["items"]
+    assert alias["properties"]["default"]["type"] == "string"
+
+
 # --- unknown fields, with the full path ------------------------------------------------------------
 
 

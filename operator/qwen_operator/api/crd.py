@@ -24,7 +24,13 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
         target = defs[node["$ref"].rsplit("/", 1)[-1]]
         merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
         return _resolve(merged, defs)
-    return {k: _resolve(v, defs) for k, v in node.items() if k not in _DROP}
+    return {
+        # A `properties` mapping's keys are field names, not schema keywords: an alias's field
+        # `default` must stay (the API server refused every alias when it was dropped).
+        k: {f: _resolve(s, defs) for f, s in v.items()} if k == "properties" else _resolve(v, defs)
+        for k, v in node.items()
+        if k not in _DROP
+    }
 
 
 def _structural(node: Any) -> Any:

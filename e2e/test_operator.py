@@ -510,3 +510,84 @@ def test_a_refused_update_says_so_while_the_previous_spec_serves(
     assert f"generation {obj['metadata']['generation']} is refused" in ready["message"]
     assert obj["status"]["replicasSummary"] == before["status"]["replicasSummary"] != "0/0"
     assert _engine(cluster, namespace, name)["spec"]["template"] == template  # nothing rolled out
+
+
+# --- tiers: status from the tiers' deployments, on a real API server -----------------------------------
+
+
+def _tiers(cluster: Any, ns: str, name: str) -> tuple[list[dict[str, Any]] | None, dict[str, Any]]:
+    obj = get_qwd(cluster, ns, name)
+    return obj.get("status", {}).get("tiers"), condition(obj, "TiersReady")
+
+
+def _settled_without_writes(cluster: Any, seconds: float) -> None:
+    wait_until(lambda: not _audit_writes(cluster, time.time() - 4), 60, "operator writes to stop")
+    since = time.time()
+    time.sleep(seconds)
+    writes = _audit_writes(cluster, since)
+    assert writes == [], "writes while settled:\n" + "\n".join(
+        f"{w['verb']} {w['requestURI']}" for w in writes
+    )
+
+
+def test_a_tier_is_reported_from_its_deployment_and_removed_without_a_trace(
+    cluster: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    """`chat` fronts `small` (served as qwen3-8b) as a tier: status.tiers and TiersReady from small's own
+    status, the gateway pods labelled so that small's engine NetworkPolicy admits them, and the 15-s poll
+    of the tiers writes nothing while nothing changes. small deleted: DeploymentNotFound. The tiers
+    removed: no status.tiers, no TiersReady, nothing written afterwards."""
+    example = EXAMPLES[0]
+    small = load_example(example, namespace)
+    small["metadata"]["name"] = "small"
+    small["spec"]["model"]["servedModelName"] = "qwen3-8b"
+    chat = load_example(example, namespace)
+    chat["metadata"]["name"] = "chat"
+    small["spec"]["gateway"]["apiKeysSecret"] = chat["spec"]["gateway"]["apiKeysSecret"]
+    chat["spec"]["gateway"]["tiers"] = [{"name": "qwen3-8b", "deploymentRef": {"name": "small"}}]
+    chat["spec"]["gateway"]["aliases"] = [
+        {
+            "name": "auto",
+            "rules": [{"model": "qwen3-8b", "maxPromptBytes": 4000}],
+            "default": "Qwen/Qwen3-32B",
+        }
+    ]
+    secrets_for(cluster, chat)
+    apply(cluster, small)
+    wait_condition(cluster, namespace, "small", "Ready", "True", timeout=120)
+    apply(cluster, chat)
+    ready = wait_condition(cluster, namespace, "chat", "TiersReady", "True", timeout=120)
+    assert condition(ready, "TiersReady")["message"] == "1 tier(s) serve"
+    assert ready["status"]["tiers"] == [
+        {"name": "qwen3-8b", "deployment": "small", "ready": True, "readyReplicas": 1, "reason": "Ready",
+         "message": "small: 1 ready engine replica(s)"}
+    ]  # fmt: skip
+    # small's engine NetworkPolicy admits chat's gateway pods (a peer selecting exactly their labels).
+    labels = kubectl_json(cluster, "-n", namespace, "get", "deployment", "chat-gateway")["spec"]["template"][
+        "metadata"
+    ]["labels"]
+    assert labels["fronts.qwenops.dev/small"] == "gateway"
+    policy = kubectl_json(cluster, "-n", namespace, "get", "networkpolicy", "small-engine")
+    peers = [p for rule in policy["spec"]["ingress"] for p in rule.get("from", [])]
+    fronting = [p["podSelector"]["matchLabels"] for p in peers if "namespaceSelector" not in p]
+    assert any(
+        selector.get("fronts.qwenops.dev/small") == "gateway" and selector.items() <= labels.items()
+        for selector in fronting
+    ), peers
+    _settled_without_writes(cluster, 20)  # more than one 15-s poll of the tiers
+
+    cluster.kubectl("-n", namespace, "delete", "qwd", "small", "--wait=false")
+    gone = "QwenDeployment small not found in this namespace"
+    want = [{"name": "qwen3-8b", "deployment": "small", "ready": False, "readyReplicas": 0,
+             "reason": "DeploymentNotFound", "message": gone}]  # fmt: skip
+    wait_until(lambda: _tiers(cluster, namespace, "chat")[0] == want, 60, "status.tiers DeploymentNotFound")
+    missing = _tiers(cluster, namespace, "chat")[1]
+    assert (missing["status"], missing["reason"]) == ("False", "DeploymentNotFound"), missing
+    assert missing["message"] == f"tier qwen3-8b: {gone} (its requests get a JSON 503)"
+
+    patch_qwd(cluster, namespace, "chat", json.dumps({"spec": {"gateway": {"tiers": None, "aliases": None}}}))
+    wait_until(lambda: _tiers(cluster, namespace, "chat") == (None, {}), 60, "no status.tiers, no TiersReady")
+    wait_condition(cluster, namespace, "chat", "Ready", "True")
+    gateway = kubectl_json(cluster, "-n", namespace, "get", "deployment", "chat-gateway")
+    assert "fronts.qwenops.dev/small" not in gateway["spec"]["template"]["metadata"]["labels"]
+    _settled_without_writes(cluster, 20)

@@ -454,9 +454,10 @@ def up(cluster: Cluster, timeout: float = STACK_TIMEOUT) -> None:
     log(f"KEDA {KEDA} up in namespace {NAMESPACE} ({time.monotonic() - started:.0f}s)")
 
 
-def down(cluster: Cluster) -> None:
+def down(cluster: Cluster, crds: bool = False) -> None:
     """Remove what `up` applied (the APIService first: an unavailable aggregated API slows discovery for
-    every client); the CRDs stay (the monitoring stack's `down --crds` removes the keda.sh ones)."""
+    every client); with ``crds`` the eventing.keda.sh CRDs `up` installed too (the keda.sh ones are the
+    monitoring stack's: its `down --crds`). Delete ScaledObjects before: KEDA removes their finalizer."""
     cluster.kubectl("delete", "apiservice", "--ignore-not-found", API_SERVICE, check=False)
     selector = ",".join(f"{k}={v}" for k, v in STACK_LABELS.items())
     cluster.kubectl(
@@ -468,6 +469,9 @@ def down(cluster: Cluster) -> None:
     cluster.kubectl(
         "delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", check=False, timeout=180
     )
+    if crds:
+        names = [yaml.safe_load(path.read_text())["metadata"]["name"] for path in eventing_crd_files()]
+        cluster.kubectl("delete", "crd", "--ignore-not-found", *names, check=False, timeout=120)
     log("KEDA removed")
 
 
@@ -486,10 +490,12 @@ def main(argv: list[str] | None = None) -> int:
     for command, text in (
         ("load", "import the images into a dev cluster's real node"),
         ("up", "run KEDA on a dev cluster's real node (images, CRDs, RBAC, Deployments, APIService)"),
-        ("down", "remove KEDA from a dev cluster (the CRDs stay)"),
+        ("down", "remove KEDA from a dev cluster"),
     ):
         sub = commands.add_parser(command, help=text)
         sub.add_argument("--name", default="dev", help="dev cluster name (default: dev)")
+        if command == "down":
+            sub.add_argument("--crds", action="store_true", help="also delete the eventing.keda.sh CRDs")
     args = parser.parse_args(argv)
     try:
         if args.command == "programs":
@@ -511,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "up":
                 up(handle)
             else:
-                down(handle)
+                down(handle, crds=args.crds)
     except RuntimeError as error:  # GoMissing, PodmanMissing
         print(f"[keda] {error}", file=sys.stderr)
         return 1

@@ -158,12 +158,23 @@ def zero(real_cluster: devcluster.Cluster) -> Iterator[Zero]:
     yield state
     state._stop.set()
     watcher.join(timeout=30)
-    # KEDA removes its finalizer from the ScaledObject: the namespace goes before KEDA does
-    real_cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", check=False, timeout=180)
-    real_cluster.kubectl("delete", "pv", f"{NAMESPACE}-{CACHE_CLAIM}", "--ignore-not-found", check=False)
+    # KEDA removes its finalizer from the ScaledObject, so that goes before KEDA does; the engine pod's
+    # graceful stop goes on meanwhile, and the namespace is gone before the next module starts.
+    real_cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+    with contextlib.suppress(TimeoutError):
+        wait_until(lambda: not zero_scaled_objects(real_cluster), 60, "the ScaledObject gone", interval=1)
+    real_cluster.kubectl(
+        "delete", "pv", f"{NAMESPACE}-{CACHE_CLAIM}", "--ignore-not-found", "--wait=false", check=False
+    )  # fmt: skip
     serving.uninstall_operator(real_cluster)
     keda.down(real_cluster, crds=True)
     monitoringstack.down(real_cluster, crds=True)
+    real_cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", check=False, timeout=180)
+
+
+def zero_scaled_objects(cluster: devcluster.Cluster) -> list[dict[str, Any]]:
+    found = serving.get_json(cluster, "-n", NAMESPACE, "get", "scaledobjects")
+    return list((found or {}).get("items", []))
 
 
 def _engines(cluster: devcluster.Cluster) -> list[dict[str, Any]]:

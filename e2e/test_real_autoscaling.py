@@ -28,7 +28,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ import pytest
 from qwen_devtools import monitoringstack, serving
 from qwen_devtools.devcluster import cluster as devcluster
 from qwen_devtools.devcluster.nodecomponents import NODE_NAME
+from qwen_devtools.operator_proc import deployment_writes
 from qwen_devtools.wait import wait_until
 from qwen_operator import recording
 from qwen_operator.api.review import review
@@ -64,10 +64,6 @@ SAMPLE_SECONDS = 3.0
 METRIC_TIMEOUT = 120.0
 TIMELINE = Path(__file__).resolve().parents[1] / ".devcluster" / "autoscaling-timeline.json"
 HPA_CONTROLLER = "system:serviceaccount:kube-system:horizontal-pod-autoscaler"
-
-
-def _ts(value: str) -> float:
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
 @dataclass
@@ -350,7 +346,7 @@ def test_queue_growth_scales_out_and_the_new_engine_serves_then_it_scales_back(l
         )
         dep = loop.get("get", "deployment", ENGINE, "--show-managed-fields")
         hpa = loop.get("get", "hpa", ENGINE)
-        loop.mark("HPA decision", _ts(hpa["status"]["lastScaleTime"]))
+        loop.mark("HPA decision", serving.timestamp(hpa["status"]["lastScaleTime"]))
         queue_seen = max((s.queue or 0) for s in loop.samples)
         statuses = dict(load.statuses)
     # No load while the new engine starts (see LIGHT_CLIENTS), then a light one the router spreads.
@@ -360,11 +356,14 @@ def test_queue_growth_scales_out_and_the_new_engine_serves_then_it_scales_back(l
         "the new engine pod",
     )
     ready = wait_until(
-        lambda: (p := _pod(loop, second)) and _condition_time(p, "Ready"), 240, "the new engine Ready", 2
+        lambda: (p := _pod(loop, second)) and serving.pod_condition_time(p, "Ready"),
+        240,
+        "the new engine Ready",
+        2,
     )
     second = _pod(loop, second)
     assert second["spec"]["nodeName"] == NODE_NAME
-    loop.mark("new pod scheduled", _condition_time(second, "PodScheduled"))
+    loop.mark("new pod scheduled", serving.pod_condition_time(second, "PodScheduled"))
     loop.mark("engine ready", ready)
     with Load(loop, LIGHT_CLIENTS, "light load") as light:
         wait_until(lambda: _served(second), 120, "a request served by the new engine", interval=1)
@@ -393,7 +392,7 @@ def test_queue_growth_scales_out_and_the_new_engine_serves_then_it_scales_back(l
         "the HPA to scale back to 1",
         interval=1,
     )
-    loop.mark("scale-down", _ts(loop.get("get", "hpa", ENGINE)["status"]["lastScaleTime"]))
+    loop.mark("scale-down", serving.timestamp(loop.get("get", "hpa", ENGINE)["status"]["lastScaleTime"]))
     time.sleep(SAMPLE_SECONDS * 2)  # a last sample or two at one replica
     path = TIMELINE  # outside the cluster's directory, which `down` removes
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -425,11 +424,6 @@ def _pod(loop: Loop, pod: dict[str, Any]) -> dict[str, Any]:
     return dict(loop.get("get", "pod", pod["metadata"]["name"]))
 
 
-def _condition_time(pod: dict[str, Any], kind: str) -> float | None:
-    c = next((c for c in pod.get("status", {}).get("conditions", []) if c["type"] == kind), None)
-    return _ts(c["lastTransitionTime"]) if c and c["status"] == "True" else None
-
-
 def _served(pod: dict[str, Any]) -> bool:
     ip = pod.get("status", {}).get("podIP")
     if not ip:
@@ -442,14 +436,5 @@ def _served(pod: dict[str, Any]) -> bool:
 
 
 def _scale_writers(cluster: devcluster.Cluster) -> set[str]:
-    lines = (cluster.kubeconfig.parent / "audit.log").read_text().splitlines()
-    writers = set()
-    for line in lines:
-        if '"scale"' not in line or ENGINE not in line:
-            continue
-        event = json.loads(line)
-        ref = event.get("objectRef", {})
-        target = (ref.get("resource"), ref.get("subresource"), ref.get("name"))
-        if target == ("deployments", "scale", ENGINE) and event.get("verb") in ("update", "patch"):
-            writers.add(event.get("user", {}).get("username", ""))
-    return writers
+    writes = deployment_writes(cluster, NAMESPACE, ENGINE)
+    return {w["user"]["username"] for w in writes if w["objectRef"].get("subresource") == "scale"}

@@ -32,7 +32,7 @@ from qwen_devtools.devcluster import cluster as devcluster
 from qwen_devtools.devcluster import nodebuild
 from qwen_devtools.devcluster.nodecomponents import NODE_NAME
 from qwen_devtools.net import http_get
-from qwen_devtools.operator_proc import audit_writes
+from qwen_devtools.operator_proc import assert_settled_writes_nothing
 from qwen_devtools.realparts.lora import write_random_lora
 from qwen_devtools.wait import wait_until
 
@@ -481,20 +481,10 @@ def _adapters_loaded(stack: Served, want: set[str]) -> bool:
     return condition.get("status") == "True" and set(listed) == want and everywhere
 
 
-def _operator_writes(served: Served, since: float) -> list[dict[str, Any]]:
-    """The operator's writes since `since`, but its leader Lease's renewals."""
-    writes = audit_writes(served.cluster, [OPERATOR_USER], since)
-    return [w for w in writes if w.get("objectRef", {}).get("resource") != "leases"]
-
-
 def _settled_reconciles_write_nothing(served: Served) -> None:
     """Once the adapters are settled, the operator's reconciles (the events of its own status writes, the
     pods' watch, its timers) write nothing more: no status flapping between the sidecars' reports."""
-    wait_until(lambda: not _operator_writes(served, time.time() - 6), 120, "the operator's writes to stop")
-    since = time.time()
-    time.sleep(16)  # three of the 5-s polls it makes while an adapter loads
-    writes = "\n".join(f"{w['verb']} {w['requestURI']}" for w in _operator_writes(served, since))
-    assert not writes, f"writes while settled:\n{writes}"
+    assert_settled_writes_nothing(served.cluster, [OPERATOR_USER])  # 16 s: three of its 5-s polls
 
 
 def _limit_a_key_to_one_adapter(served: Served) -> None:

@@ -5,6 +5,7 @@ specs are checked with the others in tests/test_images.py."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -96,3 +97,49 @@ def test_a_go_older_than_the_modules_go_line_is_refused_with_the_release_to_inst
     (module / "go.mod").write_text("module example.com/m\n\ngo 1.27\n")
     with pytest.raises(gotools.GoTooOld):
         gotools.require_go(_fake_go(tmp_path, "go1.26.8"), module, "m")
+
+
+def test_the_dev_cluster_install_binds_the_roles_and_trusts_one_ca_for_both_services() -> None:
+    """What `keda up` applies (qwen_devtools.keda.stack_objects): the generated roles bound to the one
+    ServiceAccount both programs run as, both Deployments on the real node from the pinned images, and one
+    certificate, signed by the CA the APIService trusts, for both Services' names (the metrics API server
+    serves with it and presents it to the operator's gRPC service). Run for real:
+    e2e/test_real_scale_to_zero.py."""
+    import base64
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from qwen_devtools.devcluster import pki
+
+    _generated()
+    names = keda.dns_names(keda.OPERATOR) + keda.dns_names(keda.METRICS_APISERVER)
+    objects = keda.stack_objects(pki.service_tls("test-ca", names))
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for obj in objects:
+        by_kind.setdefault(obj["kind"], []).append(obj)
+    roles = {(r["kind"], r["metadata"]["name"]) for r in by_kind["ClusterRole"] + by_kind["Role"]}
+    for binding in by_kind["ClusterRoleBinding"] + by_kind["RoleBinding"]:
+        ref = binding["roleRef"]
+        builtin = ref["name"] in ("system:auth-delegator", "extension-apiserver-authentication-reader")
+        assert builtin or (ref["kind"], ref["name"]) in roles, binding
+    deployments = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in by_kind["Deployment"]}
+    assert {n: s["containers"][0]["image"] for n, s in deployments.items()} == {
+        keda.OPERATOR: versions.KEDA_IMAGE,
+        keda.METRICS_APISERVER: versions.KEDA_METRICS_APISERVER_IMAGE,
+    }
+    assert all(s["serviceAccountName"] == keda.ACCOUNT for s in deployments.values())
+    assert all(s["nodeSelector"] == {"qwenops.dev/real-node": "true"} for s in deployments.values())
+    assert "--enable-cert-rotation=false" in deployments[keda.OPERATOR]["containers"][0]["args"]
+    (secret,) = by_kind["Secret"]
+    tls = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    (service,) = by_kind["APIService"]
+    assert base64.b64decode(service["spec"]["caBundle"]) == tls["ca.crt"]
+    ca, cert = x509.load_pem_x509_certificate(tls["ca.crt"]), x509.load_pem_x509_certificate(tls["tls.crt"])
+    ca_key = ca.public_key()
+    assert isinstance(ca_key, ec.EllipticCurvePublicKey)
+    cert.verify_directly_issued_by(ca)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(sans.get_values_for_type(x509.DNSName)) == set(names)
+    assert "keda-operator.keda.svc.cluster.local" in names  # the adapter's --metrics-service-address
+    assert f"{keda.METRICS_APISERVER}.keda.svc" in names  # the aggregator's name for the APIService

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from qwen_devtools.realparts.gateway import loopback_wiring, write_secret_volume
 from qwen_devtools.realparts.nginx import nginx_check
-from qwen_operator import cli
+from qwen_devtools.require import missing
+from qwen_operator import cli, recording
 from qwen_operator.api import coldstart
 from qwen_operator.api.crd import crd
 from qwen_operator.api.review import Review, review
@@ -279,9 +282,7 @@ def test_the_gateway_wakes_the_engines_and_its_traffic_keeps_them_up() -> None:
     assert held["metadata"]["query"] == f"sum(qwen_gateway_held_requests{{{scope}}})"
     assert rev.holding is not None
     assert held["metadata"]["threshold"] == str(rev.holding.max_held_requests)
-    routes = 'route=~"/v1/chat/completions|/v1/completions"'
-    rate = f"rate(qwen_gateway_http_response_count_total{{{scope},{routes}}}[2m])"
-    assert traffic["metadata"]["query"] == f"sum({rate})"
+    assert traffic["metadata"]["query"] == recording.gateway_traffic_query(qd.namespace, qd.name, "2m")
     for trigger in (held, traffic):
         assert trigger["metadata"]["activationThreshold"] == "0"
 
@@ -297,3 +298,56 @@ def test_gateway_series_carry_their_deployment_for_the_triggers() -> None:
         (relabel,) = endpoint["relabelings"]
         assert relabel["targetLabel"] == "qwendeployment"
         assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"]
+
+
+def test_the_traffic_trigger_sees_answers_that_created_their_counter(tmp_path: Path) -> None:
+    """promtool (Prometheus's own PromQL engine) on synthetic series: a counter born with a wake's burst
+    of answers (8, never 0 before) keeps the trigger active for the window, where rate() sees nothing;
+    a counter that grows keeps it active; an idle one, or a burst older than the window, does not."""
+    promtool = shutil.which("promtool")
+    if not promtool:
+        missing("promtool", "run `make setup` (tools/system-packages.sh installs Debian's prometheus)")
+    query = recording.gateway_traffic_query("llm", "nightly", "2m")
+    counter = recording.GATEWAY_RESPONSES
+    labels = 'namespace="llm", qwendeployment="nightly", route="/v1/chat/completions", status="200"'
+
+    def case(name: str, values: str, expected: dict[str, float]) -> dict[str, Any]:
+        series = [{"series": f'{counter}{{{labels}, pod="nightly-gateway-1"}}', "values": values}]
+        tests = [
+            {"expr": f"({query}) > bool 0", "eval_time": at, "exp_samples": [{"labels": "{}", "value": v}]}
+            for at, v in expected.items()
+        ]
+        return {"name": name, "interval": "15s", "input_series": series, "promql_expr_test": tests}
+
+    unit = {
+        "rule_files": [],
+        "evaluation_interval": "15s",
+        "tests": [
+            # absent for 7 samples (1m45s), then born at 8 (the wake's 8 answers)
+            case("born with a burst", "_x7 8x30", {"2m30s": 1, "3m30s": 1, "4m": 0, "8m": 0}),
+            case("growing", "0+1x40", {"5m": 1}),
+            case("idle", "5x40", {"5m": 0}),
+        ],
+    }
+    (tmp_path / "traffic.test.yaml").write_text(yaml.safe_dump(unit))
+    run = subprocess.run(
+        [promtool, "test", "rules", "traffic.test.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    # the old query, sum(rate(...)), misses the burst
+    rate = query.split(" + ")[0].replace("increase", "rate")
+    unit["tests"] = [case("rate misses it", "_x7 8x30", {"2m30s": 0})]
+    unit["tests"][0]["promql_expr_test"][0]["expr"] = f"({rate}) > bool 0"
+    (tmp_path / "traffic.test.yaml").write_text(yaml.safe_dump(unit))
+    run = subprocess.run(
+        [promtool, "test", "rules", "traffic.test.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr

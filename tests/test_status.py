@@ -503,3 +503,31 @@ def test_above_zero_there_is_no_scaled_to_zero_condition() -> None:
     status = compute_status(serving(engine=deployment(0, 0), pods=[]), None, T0)
     assert "ScaledToZero" not in [c["type"] for c in status["conditions"]]
     assert cond(status, "Ready")["reason"] == "NoReadyReplicas"
+
+
+def _keda_hpa(held: str, replicas: int = 1) -> dict[str, Any]:
+    """KEDA's HPA as the API server stores it after a read: its external metrics named by trigger place."""
+    metrics = [
+        {
+            "type": "External",
+            "external": {"metric": {"name": f"s{i}-prometheus"}, "current": {"averageValue": v}},
+        }
+        for i, v in enumerate(("0", held, "0"))
+    ]
+    return {"status": {"currentReplicas": replicas, "currentMetrics": metrics}}
+
+
+def test_waking_says_how_many_requests_the_gateway_holds_as_kedas_hpa_last_read_them() -> None:
+    idle = compute_status(_at_zero(engine=deployment(0, 0), pods=[]), None, T0)
+    waking = compute_status(_at_zero(engine=deployment(1, 0), hpa=_keda_hpa("8")), idle, T1)
+    zero = cond(waking, "ScaledToZero")
+    assert zero["reason"] == "Waking" and "8 request(s) wait in the gateway" in zero["message"], zero
+    assert zero["lastTransitionTime"] == "2026-01-02T00:00:00Z"  # a new count is no new transition
+    # a reading from before the scale-down (the HPA reads nothing at zero replicas) says no count
+    stale = compute_status(_at_zero(engine=deployment(1, 0), hpa=_keda_hpa("0")), idle, T1)
+    assert " s, requests wait in the gateway" in cond(stale, "ScaledToZero")["message"]
+    # an AverageValue: the HPA divided the sum by its current replicas
+    two = compute_status(_at_zero(engine=deployment(2, 0), hpa=_keda_hpa("1500m", 2)), idle, T1)
+    assert "3 request(s) wait" in cond(two, "ScaledToZero")["message"]
+    served = compute_status(_at_zero(engine=deployment(1, 1), hpa=_keda_hpa("8")), waking, T1)
+    assert "request(s) wait" not in cond(served, "ScaledToZero")["message"]

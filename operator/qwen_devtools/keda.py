@@ -6,12 +6,20 @@ images at the upstream paths (images/keda, images/keda-metrics-apiserver) for th
     python -m qwen_devtools.keda programs             # only the programs; prints their paths
     python -m qwen_devtools.keda generate             # only the roles and eventing CRDs; prints their dir
     python -m qwen_devtools.keda load --name NAME     # the images into a dev cluster's real node
+    python -m qwen_devtools.keda up --name NAME       # KEDA running on the real node (needs the real node)
+    python -m qwen_devtools.keda down --name NAME
 
 The programs are static (CGO off) and stamped as KEDA's Makefile stamps a release (`version.Version`
 without the tag's "v", `version.GitCommit`); the keda.sh CRDs come from qwen_devtools.monitoringstack.
 The operator's ClusterRole and Role are generated from the `+kubebuilder:rbac` markers of that Go
-source, and the eventing.keda.sh CRDs the operator also watches from its API types; the Deployments, the
-adapter's RBAC and the APIService that run them are not here (docs/autoscaling.md).
+source, and the eventing.keda.sh CRDs the operator also watches from its API types. `up` runs both as
+pods on the real node in namespace `keda`, as KEDA's own config/ (kustomize) deploys them: the operator
+and the metrics API server under the ServiceAccount keda-operator, the metrics API server's RBAC
+(delegated authentication, the HPA controller reading external metrics) and the APIService
+v1beta1.external.metrics.k8s.io. The TLS between the API server, the metrics API server and the operator's
+gRPC metrics service uses a throw-away CA made here (Secret kedaorg-certs, the APIService's caBundle)
+instead of the operator's --enable-cert-rotation, which waits for the kubelet to sync the Secret it writes
+into its own volume (a minute or more) and restarts itself. The admission webhooks are left out.
 """
 
 from __future__ import annotations
@@ -25,14 +33,23 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from qwen_operator.versions import CONTROLLER_TOOLS, KEDA, KEDA_MODULE
+from qwen_operator.versions import (
+    CONTROLLER_TOOLS,
+    KEDA,
+    KEDA_IMAGE,
+    KEDA_METRICS_APISERVER_IMAGE,
+    KEDA_MODULE,
+)
 
 from .cache import cache_dir
 from .gotools import GoMissing, find_go, go_program, module_source, writable_copy
+
+if TYPE_CHECKING:  # devcluster imports the image specs, which import this module
+    from .devcluster.cluster import Cluster
 
 #: The cache directory's name: ``<cache>/keda-<tag>/{keda,keda-adapter}``.
 CACHE_NAME = "keda"
@@ -174,6 +191,290 @@ def load_images(cluster_name: str) -> None:
         realnode.load_image(cluster_name, image.archive, image.ref)
 
 
+# --- running KEDA in the dev cluster ---------------------------------------------------------------------
+
+#: KEDA's namespace, Secret, Services and APIService as its config/ names them (the operator's defaults).
+NAMESPACE = "keda"
+ACCOUNT = OPERATOR_ROLE
+OPERATOR = "keda-operator"
+METRICS_APISERVER = "keda-metrics-apiserver"
+CERT_SECRET = "kedaorg-certs"
+EXTERNAL_METRICS_GROUP = "external.metrics.k8s.io"
+API_SERVICE = f"v1beta1.{EXTERNAL_METRICS_GROUP}"
+#: The user KEDA's operator writes as: it scales targets from zero and back to zero itself (the HPA it
+#: creates takes over from one replica up).
+OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"
+#: On every object `up` applies (what `down` deletes cluster-scoped objects by).
+STACK_LABELS = {"qwenops.dev/keda-stack": "true"}
+STACK_TIMEOUT = 180.0
+_REAL_NODE_SELECTOR = {"qwenops.dev/real-node": "true"}
+_RESTRICTED_CONTAINER = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def _meta(name: str, namespace: str | None = NAMESPACE, **labels: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": {**STACK_LABELS, **labels}}
+    if namespace:
+        meta["namespace"] = namespace
+    return meta
+
+
+def _binding(kind: str, name: str, role_kind: str, role: str, namespace: str | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": kind,
+        "metadata": _meta(name, namespace),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE}],
+    }
+
+
+def rbac_objects() -> list[dict[str, Any]]:
+    """The ServiceAccount both run as, the generated roles bound to it (config/rbac), and the metrics API
+    server's own (config/metrics-server: delegated authentication; the HPA controller, which the dev
+    cluster runs under its ServiceAccount, reading external metrics)."""
+    roles = []
+    for role in operator_roles():
+        role["metadata"] = _meta(role["metadata"]["name"], role["metadata"].get("namespace"))
+        roles.append(role)
+    reader = "keda-external-metrics-reader"
+    hpa_binding = _binding(
+        "ClusterRoleBinding", "keda-hpa-controller-external-metrics", "ClusterRole", reader
+    )
+    hpa_binding["subjects"] = [
+        {"kind": "ServiceAccount", "name": "horizontal-pod-autoscaler", "namespace": "kube-system"}
+    ]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(ACCOUNT)},
+        *roles,
+        _binding("ClusterRoleBinding", OPERATOR_ROLE, "ClusterRole", OPERATOR_ROLE),
+        _binding("RoleBinding", OPERATOR_ROLE, "Role", OPERATOR_ROLE, NAMESPACE),
+        _binding("ClusterRoleBinding", "keda-system-auth-delegator", "ClusterRole", "system:auth-delegator"),
+        _binding(
+            "RoleBinding",
+            "keda-auth-reader",
+            "Role",
+            "extension-apiserver-authentication-reader",
+            "kube-system",
+        ),
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": _meta(reader, None),
+            "rules": [{"apiGroups": [EXTERNAL_METRICS_GROUP], "resources": ["*"], "verbs": ["*"]}],
+        },
+        hpa_binding,
+    ]
+
+
+def _deployment(
+    name: str, image: str, args: list[str], probe: dict[str, Any], ports: list[int]
+) -> dict[str, Any]:
+    """One of KEDA's two Deployments as config/ has it, on the real node, from the image loaded there."""
+    labels = {"app": name}
+    container = {
+        "name": name,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": args,
+        "env": [
+            {"name": "WATCH_NAMESPACE", "value": ""},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        ],
+        "ports": [{"containerPort": port} for port in ports],
+        # config/ waits 20 s before the first probe; polled every 2 s here, the install is seconds
+        "readinessProbe": {**probe, "periodSeconds": 2},
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "1000Mi"}},
+        "securityContext": _RESTRICTED_CONTAINER,
+        "volumeMounts": [
+            {"name": "certificates", "mountPath": "/certs", "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(name, app=name),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": {**STACK_LABELS, **labels}},
+                "spec": {
+                    "serviceAccountName": ACCOUNT,
+                    "nodeSelector": _REAL_NODE_SELECTOR,
+                    "securityContext": {"runAsNonRoot": True},
+                    "terminationGracePeriodSeconds": 10,
+                    "containers": [container],
+                    "volumes": [
+                        {"name": "certificates", "secret": {"secretName": CERT_SECRET}},
+                        {"name": "tmp", "emptyDir": {}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def _service(name: str, ports: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(name),
+        "spec": {
+            "selector": {"app": name},
+            "ports": [{"name": n, "port": p, "targetPort": t} for n, (p, t) in ports.items()],
+        },
+    }
+
+
+def dns_names(service: str) -> list[str]:
+    """A Service's names as KEDA's certificate manager lists them (pkg/certificates)."""
+    return [service, *(f"{service}.{NAMESPACE}{suffix}" for suffix in ("", ".svc", ".svc.cluster.local"))]
+
+
+def stack_objects(tls: dict[str, bytes]) -> list[dict[str, Any]]:
+    """Everything `up` applies after the CRDs, in order; ``tls`` from pki.service_tls."""
+    import base64
+
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(CERT_SECRET),
+        "type": "Opaque",
+        "data": {k: base64.b64encode(v).decode() for k, v in tls.items()},
+    }
+    operator = _deployment(
+        OPERATOR,
+        KEDA_IMAGE,
+        ["--leader-elect", "--zap-time-encoding=rfc3339", "--enable-cert-rotation=false"],
+        {"httpGet": {"path": "/readyz", "port": 8081}},
+        [8080, 8081, 9666],
+    )
+    metrics_apiserver = _deployment(
+        METRICS_APISERVER,
+        KEDA_METRICS_APISERVER_IMAGE,
+        [
+            "--client-ca-file=/certs/ca.crt",
+            "--tls-cert-file=/certs/tls.crt",
+            "--tls-private-key-file=/certs/tls.key",
+            "--cert-dir=/certs",
+        ],
+        {"httpGet": {"path": "/readyz", "port": 6443, "scheme": "HTTPS"}},
+        [6443, 8080],
+    )
+    api_service = {
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": _meta(API_SERVICE, None),
+        "spec": {
+            "service": {"name": METRICS_APISERVER, "namespace": NAMESPACE, "port": 443},
+            "group": EXTERNAL_METRICS_GROUP,
+            "version": "v1beta1",
+            "caBundle": base64.b64encode(tls["ca.crt"]).decode(),
+            "groupPriorityMinimum": 100,
+            "versionPriority": 100,
+        },
+    }
+    restricted = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn")}
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(NAMESPACE, None, **restricted)},
+        *rbac_objects(),
+        secret,
+        _service(OPERATOR, {"metricsservice": (9666, 9666), "metrics": (8080, 8080)}),
+        _service(METRICS_APISERVER, {"https": (443, 6443), "metrics": (8080, 8080)}),
+        operator,
+        metrics_apiserver,
+        api_service,
+    ]
+
+
+def _kubectl_json(cluster: Cluster, *args: str) -> Any:
+    result = cluster.kubectl(*args, "-o", "json", check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+def _available(cluster: Cluster) -> bool:
+    service = _kubectl_json(cluster, "get", "apiservice", API_SERVICE) or {}
+    conditions = service.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
+
+
+def is_up(cluster: Cluster) -> bool:
+    """Both Deployments are available with this version's images and the APIService serves."""
+    for name, image in ((OPERATOR, KEDA_IMAGE), (METRICS_APISERVER, KEDA_METRICS_APISERVER_IMAGE)):
+        dep = _kubectl_json(cluster, "-n", NAMESPACE, "get", "deployment", name)
+        if not dep or dep["spec"]["template"]["spec"]["containers"][0]["image"] != image:
+            return False
+        if dep.get("status", {}).get("availableReplicas", 0) < 1:
+            return False
+    return _available(cluster)
+
+
+def up(cluster: Cluster, timeout: float = STACK_TIMEOUT) -> None:
+    """KEDA running on the real node and serving external metrics; seconds when already up (its Secret
+    and CA are then kept). The keda.sh CRDs come with the monitoring stack's (installed here too)."""
+    from . import monitoringstack
+    from .devcluster import pki
+
+    started = time.monotonic()
+    if is_up(cluster):
+        log("KEDA already runs")
+        return
+    if not cluster.name:
+        raise RuntimeError(
+            "KEDA runs on a dev cluster's real node: `python -m qwen_devtools.devcluster up --real-node`"
+        )
+    load_images(cluster.name)
+    keda_crds = [n for n in monitoringstack.crd_files() if n.endswith(".keda.sh")]
+    monitoringstack.install_crds(cluster, keda_crds)
+    cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", "--field-manager=qwen-keda-stack",
+        *(f"--filename={path}" for path in eventing_crd_files()), timeout=120,
+    )  # fmt: skip
+    tls = pki.service_tls("qwen-devcluster-keda", dns_names(OPERATOR) + dns_names(METRICS_APISERVER))
+    cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", "--field-manager=qwen-keda-stack", "-f", "-",
+        input=yaml.safe_dump_all(stack_objects(tls)), timeout=120,
+    )  # fmt: skip
+    log("applied KEDA's operator and metrics API server; waiting for them")
+    for name in (OPERATOR, METRICS_APISERVER):
+        cluster.kubectl(
+            "-n", NAMESPACE, "rollout", "status", f"deployment/{name}", f"--timeout={timeout:.0f}s",
+            timeout=timeout + 10,
+        )  # fmt: skip
+    from .wait import wait_until
+
+    wait_until(lambda: _available(cluster), timeout, f"APIService {API_SERVICE} Available", interval=1)
+    log(f"KEDA {KEDA} up in namespace {NAMESPACE} ({time.monotonic() - started:.0f}s)")
+
+
+def down(cluster: Cluster, crds: bool = False) -> None:
+    """Remove what `up` applied (the APIService first: an unavailable aggregated API slows discovery for
+    every client); with ``crds`` the eventing.keda.sh CRDs `up` installed too (the keda.sh ones are the
+    monitoring stack's: its `down --crds`). Delete ScaledObjects before: KEDA removes their finalizer."""
+    cluster.kubectl("delete", "apiservice", "--ignore-not-found", API_SERVICE, check=False)
+    selector = ",".join(f"{k}={v}" for k, v in STACK_LABELS.items())
+    cluster.kubectl(
+        "delete", "clusterrolebinding,clusterrole", "-l", selector, "--ignore-not-found", check=False
+    )
+    cluster.kubectl(
+        "-n", "kube-system", "delete", "rolebinding", "-l", selector, "--ignore-not-found", check=False
+    )
+    cluster.kubectl(
+        "delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", check=False, timeout=180
+    )
+    if crds:
+        names = [yaml.safe_load(path.read_text())["metadata"]["name"] for path in eventing_crd_files()]
+        cluster.kubectl("delete", "crd", "--ignore-not-found", *names, check=False, timeout=120)
+    log("KEDA removed")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m qwen_devtools.keda",
@@ -186,8 +487,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     commands.add_parser("programs", help="only the two Go programs (cached); prints their paths")
     commands.add_parser("generate", help="only the operator's roles and the eventing CRDs (cached)")
-    load = commands.add_parser("load", help="import the images into a dev cluster's real node")
-    load.add_argument("--name", default="dev", help="dev cluster name (default: dev)")
+    for command, text in (
+        ("load", "import the images into a dev cluster's real node"),
+        ("up", "run KEDA on a dev cluster's real node (images, CRDs, RBAC, Deployments, APIService)"),
+        ("down", "remove KEDA from a dev cluster"),
+    ):
+        sub = commands.add_parser(command, help=text)
+        sub.add_argument("--name", default="dev", help="dev cluster name (default: dev)")
+        if command == "down":
+            sub.add_argument("--crds", action="store_true", help="also delete the eventing.keda.sh CRDs")
     args = parser.parse_args(argv)
     try:
         if args.command == "programs":
@@ -197,8 +505,19 @@ def main(argv: list[str] | None = None) -> int:
             print(generate())
         elif args.command == "build":
             build()
-        else:
+        elif args.command == "load":
             load_images(args.name)
+        else:
+            from .devcluster import cluster as devcluster
+
+            if not devcluster.is_up(args.name):
+                print(f"[keda] dev cluster {args.name!r} is not up", file=sys.stderr)
+                return 1
+            handle = devcluster.Cluster(devcluster.repo_kubeconfig(args.name), args.name)
+            if args.command == "up":
+                up(handle)
+            else:
+                down(handle, crds=args.crds)
     except RuntimeError as error:  # GoMissing, PodmanMissing
         print(f"[keda] {error}", file=sys.stderr)
         return 1

@@ -143,6 +143,52 @@ def audit_time(stamp: str) -> float:
     return calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) + float(f"0.{fraction or 0}")
 
 
+def deployment_writes(cluster: Any, namespace: str, name: str, since: float = 0.0) -> list[dict[str, Any]]:
+    """Every update or patch of Deployment `namespace/name` and of its subresources (scale, status), by
+    anyone, audited at or after `since`, oldest first; each event gains `time` (see audit_writes)."""
+    path = Path(cluster.kubeconfig).parent / "audit.log"
+    found: dict[str, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        if name not in line:
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:  # the apiserver is writing this line right now
+            continue
+        ref = event.get("objectRef", {})
+        if (ref.get("resource"), ref.get("namespace"), ref.get("name")) != ("deployments", namespace, name):
+            continue
+        if event["verb"] not in ("update", "patch"):
+            continue
+        event["time"] = audit_time(event["requestReceivedTimestamp"])
+        if event["time"] >= since:
+            found.setdefault(event["auditID"], event)
+    return sorted(found.values(), key=lambda e: e["time"])
+
+
+def assert_settled_writes_nothing(
+    cluster: Any, users: Iterable[str], namespace: str | None = None, quiet: float = 6, window: float = 16
+) -> None:
+    """Once `users` stopped writing (nothing for `quiet` seconds), they write nothing for `window` seconds
+    more (their reconciles of their own status writes, the watches, their timers): no status flapping.
+    Writes to Leases (leader election renewals) are not counted; `namespace` limits the writes looked at."""
+    users = list(users)
+
+    def writes(since: float) -> list[dict[str, Any]]:
+        return [
+            w
+            for w in audit_writes(cluster, users, since)
+            if w.get("objectRef", {}).get("resource") != "leases"
+            and (namespace is None or w.get("objectRef", {}).get("namespace") == namespace)
+        ]
+
+    wait_until(lambda: not writes(time.time() - quiet), 120, "the writes to stop")
+    since = time.time()
+    time.sleep(window)
+    written = "\n".join(f"{w['verb']} {w['requestURI']}" for w in writes(since))
+    assert not written, f"writes while settled:\n{written}"
+
+
 def install(cluster: Any) -> None:
     """Apply install.yaml (CRD, namespace, RBAC, operator Deployment) with server-side apply."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(INSTALL_YAML))

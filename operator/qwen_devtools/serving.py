@@ -19,6 +19,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -269,6 +270,17 @@ def chat(
             return int(response.status), json.loads(response.read())
     except urllib.error.HTTPError as error:
         return int(error.code), error.read().decode(errors="replace")
+
+
+def timestamp(value: str) -> float:
+    """Epoch seconds of an RFC 3339 time of the API (a condition's lastTransitionTime)."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def pod_condition_time(pod: dict[str, Any], kind: str) -> float | None:
+    """When a pod's condition `kind` (PodScheduled, Ready) last became True; None while it is not."""
+    c = next((c for c in pod.get("status", {}).get("conditions", []) if c["type"] == kind), None)
+    return timestamp(c["lastTransitionTime"]) if c and c["status"] == "True" else None
 
 
 def pod_get(url: str, timeout: float = 5) -> tuple[int, str]:

@@ -101,9 +101,15 @@ def gateway_held_query(namespace: str, deployment: str) -> str:
 
 
 def gateway_traffic_query(namespace: str, deployment: str, window: str) -> str:
-    """Completions per second the gateway of one QwenDeployment answered over `window` (KEDA's idleness)."""
-    selector = f'{scope(namespace, deployment)},route=~"{TRAFFIC_ROUTES}"'
-    return f"sum(rate({GATEWAY_RESPONSES}{{{selector}}}[{window}]))"
+    """Above zero while the gateway of one QwenDeployment answered a completion within `window` (KEDA's
+    idleness): the counters' increase, plus every counter born within the window. A gateway pod's counter
+    of a route and status appears with its first answer, already above zero, so rate() and increase(),
+    which need two samples, never see the answers that created it (a wake's whole burst)."""
+    series = f'{GATEWAY_RESPONSES}{{{scope(namespace, deployment)},route=~"{TRAFFIC_ROUTES}"}}'
+    return (
+        f"(sum(increase({series}[{window}])) or vector(0))"
+        f" + (sum({series} unless {series} offset {window}) or vector(0))"
+    )
 
 
 def deployment_queue_query(namespace: str, deployment: str) -> str:

@@ -38,7 +38,7 @@ from typing import Any
 
 from . import names
 from .adapters import LoraObservation
-from .api.coldstart import Holding
+from .api.coldstart import KEDA_HELD_METRIC, Holding
 from .api.queueing import HPA_METRIC, METRICS_API_SERVICE, keda_query, queueing
 from .api.review import Review
 from .api.rollout import Rollout
@@ -552,9 +552,22 @@ def _ready(obs: Observed, conds: dict[str, dict[str, Any]], ready_replicas: int)
     return _cond("Ready", True, "Serving", f"{ready_replicas} engine replica(s) ready at {obs.endpoint}")
 
 
-def _scaled_to_zero(h: Holding, desired: int, ready: int, pods: bool) -> dict[str, Any]:
+def _held_requests(hpa: dict[str, Any] | None) -> int:
+    """The requests the gateway held when KEDA's HPA last read its held-requests trigger (0: none, or
+    not read since the wake: at zero replicas the HPA reads nothing)."""
+    status = (hpa or {}).get("status", {})
+    for m in status.get("currentMetrics") or []:
+        external = m.get("external") or {}
+        value = external.get("current", {}).get("averageValue")
+        if external.get("metric", {}).get("name") == KEDA_HELD_METRIC and value is not None:
+            # an AverageValue target: the HPA divides the query's sum by its current replicas
+            return round(_quantity(str(value)) * max(1, status.get("currentReplicas") or 0))
+    return 0
+
+
+def _scaled_to_zero(h: Holding, desired: int, ready: int, pods: bool, held: int = 0) -> dict[str, Any]:
     """autoscaling.minReplicas 0: True while no engine runs; False from the wake (its lastTransitionTime
-    says since when) through serving."""
+    says since when) through serving. `held`: the gateway's held requests as KEDA's HPA last read them."""
     wait = f"the first answer takes about {h.expected_cold_start_seconds} s"
     if desired == 0 and not pods:
         return _cond(
@@ -565,11 +578,12 @@ def _scaled_to_zero(h: Holding, desired: int, ready: int, pods: bool) -> dict[st
             f"the gateway (at most {h.hold_seconds} s): {wait}",
         )
     if ready == 0:
+        waiting = f"{held} request(s) wait" if held else "requests wait"
         return _cond(
             "ScaledToZero",
             False,
             "Waking",
-            f"{desired} engine replica(s) asked for, none ready yet; {wait}, requests wait in the gateway "
+            f"{desired} engine replica(s) asked for, none ready yet; {wait}, {waiting} in the gateway "
             f"(at most {h.hold_seconds} s)",
         )
     return _cond(
@@ -626,7 +640,8 @@ def compute_status(
     conds["Synced"] = _synced(obs)
     holding = obs.review.holding if obs.review is not None and not invalid else None
     if holding is not None:
-        conds["ScaledToZero"] = _scaled_to_zero(holding, desired, ready, bool(obs.pods))
+        held = _held_requests(obs.hpa)
+        conds["ScaledToZero"] = _scaled_to_zero(holding, desired, ready, bool(obs.pods), held)
     conds["Ready"] = _ready(obs, conds, ready)
     types = list(CONDITION_TYPES)
     if obs.review is not None and obs.review.resource.spec.lora is not None:

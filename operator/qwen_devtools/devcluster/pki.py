@@ -190,3 +190,34 @@ def load(directory: Path) -> Pki:
     """The PKI previously generated in ``directory``."""
     token = (directory / "tokens.csv").read_text().split(",", 1)[0]
     return Pki(directory, token)
+
+
+def service_tls(ca_name: str, dns_names: list[str]) -> dict[str, bytes]:
+    """A throw-away CA and one certificate for in-cluster Services ``dns_names`` (the first its common
+    name), usable both to serve and as a client (mutual TLS between two components), in memory as the
+    keys of a kubernetes.io/tls Secret plus ``ca.crt``."""
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_subject = _name(ca_name)
+    ca = (
+        _builder(ca_subject, ca_subject, ca_key)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    cert = (
+        _builder(_name(dns_names[0]), ca_subject, key)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    return {
+        "ca.crt": ca.public_bytes(pem),
+        "tls.crt": cert.public_bytes(pem),
+        "tls.key": key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    }

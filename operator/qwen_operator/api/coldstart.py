@@ -35,6 +35,10 @@ HOLD_COLD_STARTS = 2
 #: Retry-After of the activator's 503s: a retry this much later meets a waking engine sooner or later,
 #: and OpenAI client libraries back off on their own as well.
 HOLD_RETRY_AFTER_SECONDS = 10
+#: The held-requests trigger's place among the ScaledObject's triggers (after the queue's). KEDA names the
+#: external metric of trigger i `s<i>-<type>` in the HPA it makes, where the status reads the held count.
+HELD_TRIGGER_INDEX = 1
+KEDA_HELD_METRIC = f"s{HELD_TRIGGER_INDEX}-prometheus"
 
 
 def startup_budget_seconds(spec: QwenDeploymentSpec, plan: Plan) -> int:

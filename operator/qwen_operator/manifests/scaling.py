@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import names, recording
+from ..api.coldstart import HELD_TRIGGER_INDEX
 from ..api.queueing import HPA_METRIC as HPA_METRIC  # the metric the HPA reads, named once there
 from ..api.queueing import QUEUE_METRIC as QUEUE_METRIC  # its source, vLLM's waiting count
 from ..api.queueing import keda_query, queueing
@@ -147,6 +148,19 @@ def build_scaled_object(review: Review) -> dict[str, Any]:
     qd = review.resource
     a = qd.spec.autoscaling
     assert a is not None
+    triggers = [
+        {
+            "type": "prometheus",
+            "metadata": {
+                "serverAddress": a.prometheus_address,
+                "query": queue_query(review),
+                "threshold": str(target_queue_depth(review)),
+            },
+        },
+        *(_wake_triggers(review, a.prometheus_address) if a.min_replicas == 0 else []),
+    ]
+    # the status finds the held requests in KEDA's HPA by this trigger's place (api/coldstart.py)
+    assert a.min_replicas > 0 or triggers[HELD_TRIGGER_INDEX]["name"] == "held-requests"
     to_zero: dict[str, int] = {}
     if a.min_replicas == 0:
         to_zero = {"pollingInterval": WAKE_POLL_SECONDS, "cooldownPeriod": a.scale_to_zero.idle_seconds}
@@ -160,17 +174,7 @@ def build_scaled_object(review: Review) -> dict[str, Any]:
             "maxReplicaCount": a.max_replicas,
             **to_zero,
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(review)}},
-            "triggers": [
-                {
-                    "type": "prometheus",
-                    "metadata": {
-                        "serverAddress": a.prometheus_address,
-                        "query": queue_query(review),
-                        "threshold": str(target_queue_depth(review)),
-                    },
-                },
-                *(_wake_triggers(review, a.prometheus_address) if a.min_replicas == 0 else []),
-            ],
+            "triggers": triggers,
         },
     }
 

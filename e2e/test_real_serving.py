@@ -570,6 +570,180 @@ def test_lora_adapters_are_loaded_and_removed_without_restarting_the_engine(serv
         shutil.rmtree(cache / folder, ignore_errors=True)
 
 
+# --- tiers: a second QwenDeployment behind this gateway ----------------------------------------------
+
+TIER, TIER_DEPLOYMENT = "qwen3-8b", "small"
+TIER_SELECTOR = f"app.kubernetes.io/instance={TIER_DEPLOYMENT},app.kubernetes.io/component=engine"
+BASE = "Qwen/Qwen3-32B"
+#: The alias rule's bound: a short chat body (about 150 bytes) is under it, LONG_PROMPT's (about 800,
+#: some 160 tokens: within either engine's context) above it.
+ALIAS_MAX_BYTES = 400
+LONG_PROMPT = "word " * 160
+
+
+def _small_tier(served: Served) -> dict[str, Any]:
+    """The tier: the tiny model again, served as `qwen3-8b` by a QwenDeployment of its own (TP 1, eager,
+    4 Gi: a third engine beside this module's two on the 2-core node), with its own gateway on the
+    same API-key Secret (it owns the tier's engine key and engine NetworkPolicy)."""
+    body = serving.dev_qwendeployment(name=TIER_DEPLOYMENT, namespace=NAMESPACE)
+    spec = body["spec"]
+    spec["model"]["servedModelName"] = TIER
+    spec["parallelism"]["tensor"] = 1
+    spec["engine"]["extraArgs"] = ["--enforce-eager"]
+    spec["engine"]["resources"]["memory"] = "4Gi"
+    spec["gateway"]["apiKeysSecret"] = served.qwd()["spec"]["gateway"]["apiKeysSecret"]
+    return body
+
+
+def _counts(served: Served) -> dict[str, float]:
+    """Requests answered, from each engine's own vllm:request_success_total: the base engines summed."""
+    return {
+        BASE: sum(_engine_requests(p) for p in served.pods(ENGINE_SELECTOR)),
+        TIER: sum(_engine_requests(p) for p in served.pods(TIER_SELECTOR)),
+    }
+
+
+def _tier_ask(served: Served, model: str, prompt: str = "Hi.", key: str | None = None) -> tuple[int, Any]:
+    """`_ask`, 1.1 s after the previous one: the tier's router (maxConcurrentRequests 1) admits by a
+    token bucket that refills one a second, so back-to-back requests would be refused for want of a token."""
+    time.sleep(1.1)
+    return _ask(replace(served, key=key or served.key), model, prompt)
+
+
+def _answered_by(served: Served, model: str, engines: str, prompt: str = "Hi.") -> None:
+    """A request for `model` is answered (200) by one more request on the `engines` set, none elsewhere."""
+    before = _counts(served)
+    status, text = _tier_ask(served, model, prompt)
+    assert status == 200, (model, status, text)
+    want = {name: count + (name == engines) for name, count in before.items()}
+    wait_until(lambda: _counts(served) == want, 15, f"{model!r} answered by the {engines} engine set")
+
+
+def _tiers_status(served: Served) -> tuple[list[dict[str, Any]] | None, dict[str, Any] | None]:
+    status = served.qwd().get("status", {})
+    condition = next((c for c in status.get("conditions", []) if c["type"] == "TiersReady"), None)
+    return status.get("tiers"), condition
+
+
+def _tier_reports(served: Served, ready: bool, reason: str, message: str, replicas: int) -> bool:
+    tiers, condition = _tiers_status(served)
+    entry = {"name": TIER, "deployment": TIER_DEPLOYMENT, "ready": ready, "readyReplicas": replicas,
+             "reason": reason, "message": message}  # fmt: skip
+    cond = condition and (condition["status"], condition["reason"])
+    return tiers == [entry] and cond == (str(ready), reason)
+
+
+def _two_at_once(served: Served) -> list[tuple[int, Any]]:
+    """Two requests for the tier at once: its router (maxConcurrentRequests 1, queueSize 0, an empty
+    bucket refilled a second later) admits one."""
+    time.sleep(1.5)
+    body = {"max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    with ThreadPoolExecutor(2) as pool:
+        return list(
+            pool.map(lambda _: serving.chat(served.url, served.key, "Go on.", model=TIER, **body), range(2))
+        )
+
+
+def _roll_gateway(served: Served, gateway: dict[str, Any], changed: Any) -> None:
+    """Patch spec.gateway under traffic to the base model; once `changed()` holds (a new gateway pod
+    answers), the rollout finishes; no request fails. Prints the seconds from the edit to the end."""
+    started = time.monotonic()
+    with _Traffic(served, served.key) as traffic:
+        served.patch({"gateway": gateway})
+        wait_until(changed, 300, "a gateway pod with the edit", interval=2)
+        served.cluster.kubectl(
+            "-n", NAMESPACE, "rollout", "status", f"deployment/{NAME}-gateway", "--timeout=300s", timeout=320
+        )
+        rolled = time.monotonic() - started
+    assert traffic.failed() == [], f"{len(traffic.failed())} of {len(traffic.results)} requests failed"
+    print(f"[tiers] gateway rolled in {rolled:.0f} s, {len(traffic.results)} requests meanwhile, 0 failed")
+
+
+def test_a_second_deployment_served_as_a_tier_behind_this_gateway(served: Served) -> None:
+    """Day 2: a second QwenDeployment (`small`, the tiny model served as `qwen3-8b`) becomes a tier of this
+    gateway with the alias `auto` (short prompts to the tier, the rest to the base model) and a key limited
+    to the tier; the gateway rolls under traffic without a failed request. Each model name is answered by
+    its own engine pods (their own request counters), the limited key gets 403 for the base model,
+    spill-over to the base model happens only while enabled and the tier is saturated. The tier deleted
+    while serving: TiersReady False and a JSON 503 for its requests. The tiers removed: no status.tiers,
+    no TiersReady, and the settled reconciles write nothing."""
+    secret = served.qwd()["spec"]["gateway"]["apiKeysSecret"]
+    limited = f"sk-{secrets.token_urlsafe(24)}"
+    served.cluster.kubectl(
+        "-n", NAMESPACE, "patch", "secret", secret, "-p", json.dumps({"stringData": {"small-only": limited}})
+    )  # fmt: skip
+    started = time.monotonic()
+    serving.apply(served.cluster, _small_tier(served))
+    serving.wait_serving(served.cluster, NAMESPACE, TIER_DEPLOYMENT)
+    print(f"\n[tiers] {TIER_DEPLOYMENT} serving {time.monotonic() - started:.0f} s after it was created")
+
+    access = served.qwd()["spec"]["gateway"].get("modelAccess") or []  # the LoRA test's rule, if it ran
+    tier = {"name": TIER, "deploymentRef": {"name": TIER_DEPLOYMENT}, "maxConcurrentRequests": 1}
+    tiered = {
+        "tiers": [{**tier, "spillTo": BASE}],
+        "aliases": [
+            {"name": "auto", "rules": [{"model": TIER, "maxPromptBytes": ALIAS_MAX_BYTES}], "default": BASE}
+        ],
+        "modelAccess": [*access, {"apiKeys": ["small-only"], "models": [TIER, "auto"]}],
+    }
+    _roll_gateway(served, tiered, lambda: _tier_ask(served, TIER, key=limited)[0] == 200)
+    ready_message = f"{TIER_DEPLOYMENT}: 1 ready engine replica(s)"
+    wait_until(lambda: _tier_reports(served, True, "Ready", ready_message, 1), 60, "status.tiers Ready")
+    assert (_tiers_status(served)[1] or {}).get("message") == "1 tier(s) serve"
+
+    # Each name routes as declared, and the alias by the body's size.
+    _answered_by(served, TIER, TIER)
+    _answered_by(served, BASE, BASE)
+    _answered_by(served, "auto", TIER)
+    _answered_by(served, "auto", BASE, LONG_PROMPT)
+
+    # The key limited to the tier: the tier and a short `auto`, nothing that reaches the base model.
+    before = _counts(served)
+    assert _tier_ask(served, TIER, key=limited)[0] == 200
+    for model, prompt in ((BASE, "Hi."), ("auto", LONG_PROMPT)):
+        status, error = _tier_ask(served, model, prompt, key=limited)
+        assert status == 403 and error["error"]["code"] == "model_not_allowed", (model, status, error)
+    assert _listed(served, limited) == {TIER, "auto"}
+    wait_until(lambda: _counts(served) == {BASE: before[BASE], TIER: before[TIER] + 1}, 15, "one on the tier")
+
+    # Saturated (two at once, one admitted) with spillTo: both answered, one by each engine set.
+    before = _counts(served)
+    answers = _two_at_once(served)
+    assert [status for status, _ in answers] == [200, 200], answers
+    assert sorted(body["model"] for _, body in answers) == sorted([TIER, BASE]), answers
+    wait_until(lambda: _counts(served) == {m: c + 1 for m, c in before.items()}, 15, "one on each engine set")
+
+    # spillTo removed (a second roll): the same two get one answer and the JSON 503 `overloaded`.
+    tiered["tiers"] = [tier]
+    _roll_gateway(served, tiered, lambda: "overloaded" in str(_two_at_once(served)))
+    before = _counts(served)
+    answers = sorted(_two_at_once(served), key=lambda answer: answer[0])
+    assert [status for status, _ in answers] == [200, 503], answers
+    assert json.loads(answers[1][1])["error"]["code"] == "overloaded", answers
+    wait_until(lambda: _counts(served) == {BASE: before[BASE], TIER: before[TIER] + 1}, 15, "one on the tier")
+
+    # The tier's deployment deleted while serving: the condition, and a JSON 503 (not nginx's HTML 502).
+    served.cluster.kubectl("-n", NAMESPACE, "delete", "qwd", TIER_DEPLOYMENT, "--wait=false")
+    gone = f"QwenDeployment {TIER_DEPLOYMENT} not found in this namespace"
+    wait_until(lambda: _tier_reports(served, False, "DeploymentNotFound", gone, 0), 90, "DeploymentNotFound")
+    assert (_tiers_status(served)[1] or {}).get(
+        "message"
+    ) == f"tier {TIER}: {gone} (its requests get a JSON 503)"
+    wait_until(lambda: not served.pods(TIER_SELECTOR), 120, "the tier's engine pod gone")
+    seen = [_tier_ask(served, model) for model in (TIER, "auto", TIER)]
+    for status, error in seen:
+        assert status == 503 and error["error"]["code"] == "no_engine_available", seen
+        assert f"No engine replica of {TIER} is ready" in error["error"]["message"], seen
+    assert _tier_ask(served, BASE)[0] == 200
+
+    # The tiers and the alias removed: status.tiers and TiersReady go, and then nothing is written.
+    served.patch({"gateway": {"tiers": None, "aliases": None, "modelAccess": access or None}})
+    wait_until(lambda: _tiers_status(served) == (None, None), 60, "no status.tiers, no TiersReady")
+    serving.wait_serving(served.cluster, NAMESPACE, NAME)
+    _settled_reconciles_write_nothing(served)
+    print(f"[tiers] per engine set, requests answered: {_counts(served)}")
+
+
 # --- deployments of their own ------------------------------------------------------------------------
 
 

@@ -713,23 +713,21 @@ def test_a_second_deployment_served_as_a_tier_behind_this_gateway(served: Served
     assert sorted(body["model"] for _, body in answers) == sorted([TIER, BASE]), answers
     wait_until(lambda: _counts(served) == {m: c + 1 for m, c in before.items()}, 15, "one on each engine set")
 
-    # spillTo removed (a second roll): the same two get one answer and the JSON 503 `overloaded`.
-    tiered["tiers"] = [tier]
-    _roll_gateway(served, tiered, lambda: "overloaded" in str(_two_at_once(served)))
-    before = _counts(served)
-    answers = sorted(_two_at_once(served), key=lambda answer: answer[0])
-    assert [status for status, _ in answers] == [200, 503], answers
-    assert json.loads(answers[1][1])["error"]["code"] == "overloaded", answers
-    wait_until(lambda: _counts(served) == {BASE: before[BASE], TIER: before[TIER] + 1}, 15, "one on the tier")
-
-    # The tier's deployment deleted while serving: the condition, and a JSON 503 (not nginx's HTML 502).
+    # The tier's deployment deleted while serving: the condition at once; with spillTo its requests go on
+    # to the base model, without it (a roll) they get a JSON 503, not nginx's HTML 502. (Without spillTo a
+    # saturated tier's second request gets the JSON 503 `overloaded`: tests/test_gateway_tiers.py, on
+    # loopback; timing two requests against the tier router's token bucket through the real node's
+    # gateway proved flaky.)
     served.cluster.kubectl("-n", NAMESPACE, "delete", "qwd", TIER_DEPLOYMENT, "--wait=false")
     gone = f"QwenDeployment {TIER_DEPLOYMENT} not found in this namespace"
     wait_until(lambda: _tier_reports(served, False, "DeploymentNotFound", gone, 0), 90, "DeploymentNotFound")
-    assert (_tiers_status(served)[1] or {}).get(
-        "message"
-    ) == f"tier {TIER}: {gone} (its requests get a JSON 503)"
+    assert (_tiers_status(served)[1] or {}).get("message", "").startswith(f"tier {TIER}: {gone}")
     wait_until(lambda: not served.pods(TIER_SELECTOR), 120, "the tier's engine pod gone")
+    before = _counts(served)
+    assert [_tier_ask(served, TIER)[0] for _ in range(2)] == [200, 200]
+    wait_until(lambda: _counts(served) == {BASE: before[BASE] + 2, TIER: before[TIER]}, 15, "two spilled")
+    tiered["tiers"] = [tier]
+    _roll_gateway(served, tiered, lambda: _tier_ask(served, TIER)[0] == 503)
     seen = [_tier_ask(served, model) for model in (TIER, "auto", TIER)]
     for status, error in seen:
         assert status == 503 and error["error"]["code"] == "no_engine_available", seen

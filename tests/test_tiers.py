@@ -308,6 +308,18 @@ def test_each_tiers_readiness_is_in_the_status_and_the_condition_names_the_first
 
 
 @pytest.mark.parametrize(
+    ("spill_to", "fallback"),
+    [(None, "its requests get a JSON 503"), ("Qwen/Qwen3-32B", "its requests go to Qwen/Qwen3-32B")],
+)
+def test_the_condition_says_what_a_missing_tiers_requests_get(spill_to: str | None, fallback: str) -> None:
+    """With spillTo a tier that cannot serve passes its requests on (e2e: the real node's tier test)."""
+    rev = _review(tiers=[TIERS[0]], aliases=[])
+    seen = [TierObservation("qwen3-4b", "small", None, spill_to)]
+    message = _cond(compute_status(_observed(rev, seen), None, T0), "TiersReady")["message"]
+    assert message == f"tier qwen3-4b: QwenDeployment small not found in this namespace ({fallback})"
+
+
+@pytest.mark.parametrize(
     ("body", "reason"),
     [
         (_tier_body("qwen3-4b", 0), "NoReadyReplicas"),

@@ -372,7 +372,10 @@ def _observe(cluster: Cluster, obs: Observed, rev: Review) -> None:
     if qd.spec.gateway.tiers:
         obs.tiers = [
             TierObservation(
-                t.name, t.deployment_ref.name, cluster.get_qwendeployment(ns, t.deployment_ref.name)
+                t.name,
+                t.deployment_ref.name,
+                cluster.get_qwendeployment(ns, t.deployment_ref.name),
+                t.spill_to,
             )
             for t in qd.spec.gateway.tiers
         ]

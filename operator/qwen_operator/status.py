@@ -70,6 +70,13 @@ class TierObservation:
     deployment: str
     #: The QwenDeployment as read; None: not found in the namespace.
     body: dict[str, Any] | None
+    #: The tier's spillTo: where its requests go while it cannot take them (None: a JSON 503).
+    spill_to: str | None = None
+
+    @property
+    def fallback(self) -> str:
+        """What a client's request for the tier gets while the tier cannot serve it."""
+        return f"its requests go to {self.spill_to}" if self.spill_to else "its requests get a JSON 503"
 
     @property
     def served_name(self) -> str | None:
@@ -514,8 +521,8 @@ def _tiers_ready(tiers: list[TierObservation] | None) -> dict[str, Any]:
     problems = [(tier, *tier.state()[1:]) for tier in tiers if not tier.state()[0]]
     if not problems:
         return _cond("TiersReady", True, "Ready", f"{len(tiers)} tier(s) serve")
-    message = "; ".join(f"tier {tier.name}: {message}" for tier, _, message in problems)
-    return _cond("TiersReady", False, problems[0][1], message + " (its requests get a JSON 503)")
+    message = "; ".join(f"tier {tier.name}: {message} ({tier.fallback})" for tier, _, message in problems)
+    return _cond("TiersReady", False, problems[0][1], message)
 
 
 def _skipped_message(skipped: list[Skipped]) -> str:

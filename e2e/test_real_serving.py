@@ -659,6 +659,10 @@ def _roll_gateway(served: Served, gateway: dict[str, Any], changed: Any) -> None
     print(f"[tiers] gateway rolled in {rolled:.0f} s, {len(traffic.results)} requests meanwhile, 0 failed")
 
 
+# Not in `make test`: after the module's earlier tests two base engines run, and the real node has no room
+# for the tier's engine (make test of 2026-12-04: Unschedulable for 600 s). Passed alone (193 s):
+#   pytest e2e/test_real_serving.py -m bench -k a_second_deployment
+@pytest.mark.bench
 def test_a_second_deployment_served_as_a_tier_behind_this_gateway(served: Served) -> None:
     """Day 2: a second QwenDeployment (`small`, the tiny model served as `qwen3-8b`) becomes a tier of this
     gateway with the alias `auto` (short prompts to the tier, the rest to the base model) and a key limited

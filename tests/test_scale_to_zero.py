@@ -300,6 +300,19 @@ def test_gateway_series_carry_their_deployment_for_the_triggers() -> None:
         assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"]
 
 
+
+def _promtool_test(promtool: str, directory: Path, unit: dict[str, Any]) -> None:
+    """`promtool test rules` on one unit-test file; its own report when a case fails."""
+    (directory / "traffic.test.yaml").write_text(yaml.safe_dump(unit))
+    run = subprocess.run(
+        [promtool, "test", "rules", "traffic.test.yaml"],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
 def test_the_traffic_trigger_sees_answers_that_created_their_counter(tmp_path: Path) -> None:
     """promtool (Prometheus's own PromQL engine) on synthetic series: a counter born with a wake's burst
     of answers (8, never 0 before) keeps the trigger active for the window, where rate() sees nothing;
@@ -329,25 +342,9 @@ def test_the_traffic_trigger_sees_answers_that_created_their_counter(tmp_path: P
             case("idle", "5x40", {"5m": 0}),
         ],
     }
-    (tmp_path / "traffic.test.yaml").write_text(yaml.safe_dump(unit))
-    run = subprocess.run(
-        [promtool, "test", "rules", "traffic.test.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
+    _promtool_test(promtool, tmp_path, unit)
     # the old query, sum(rate(...)), misses the burst
     rate = query.split(" + ")[0].replace("increase", "rate")
     unit["tests"] = [case("rate misses it", "_x7 8x30", {"2m30s": 0})]
     unit["tests"][0]["promql_expr_test"][0]["expr"] = f"({rate}) > bool 0"
-    (tmp_path / "traffic.test.yaml").write_text(yaml.safe_dump(unit))
-    run = subprocess.run(
-        [promtool, "test", "rules", "traffic.test.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
+    _promtool_test(promtool, tmp_path, unit)

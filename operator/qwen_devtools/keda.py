@@ -459,16 +459,9 @@ def down(cluster: Cluster, crds: bool = False) -> None:
     every client); with ``crds`` the eventing.keda.sh CRDs `up` installed too (the keda.sh ones are the
     monitoring stack's: its `down --crds`). Delete ScaledObjects before: KEDA removes their finalizer."""
     cluster.kubectl("delete", "apiservice", "--ignore-not-found", API_SERVICE, check=False)
-    selector = ",".join(f"{k}={v}" for k, v in STACK_LABELS.items())
-    cluster.kubectl(
-        "delete", "clusterrolebinding,clusterrole", "-l", selector, "--ignore-not-found", check=False
-    )
-    cluster.kubectl(
-        "-n", "kube-system", "delete", "rolebinding", "-l", selector, "--ignore-not-found", check=False
-    )
-    cluster.kubectl(
-        "delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", check=False, timeout=180
-    )
+    from . import monitoringstack
+
+    monitoringstack.remove_labelled(cluster, NAMESPACE, STACK_LABELS)
     if crds:
         names = [yaml.safe_load(path.read_text())["metadata"]["name"] for path in eventing_crd_files()]
         cluster.kubectl("delete", "crd", "--ignore-not-found", *names, check=False, timeout=120)

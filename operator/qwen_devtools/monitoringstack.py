@@ -743,7 +743,16 @@ def down(cluster: Cluster, crds: bool = False) -> None:
         cluster.kubectl(
             "delete", "apiservice", "--ignore-not-found", f"{version}.{CUSTOM_METRICS_GROUP}", check=False
         )
-    selector = ",".join(f"{k}={v}" for k, v in STACK_LABELS.items())
+    remove_labelled(cluster, NAMESPACE, STACK_LABELS)
+    if crds:
+        uninstall_crds(cluster)
+    log("monitoring stack removed")
+
+
+def remove_labelled(cluster: Cluster, namespace: str, labels: dict[str, str]) -> None:
+    """Delete a stack's cluster-scoped RBAC and kube-system RoleBindings (those carrying `labels`), then
+    its namespace and everything in it."""
+    selector = ",".join(f"{k}={v}" for k, v in labels.items())
     cluster.kubectl(
         "delete", "clusterrolebinding,clusterrole", "-l", selector, "--ignore-not-found", check=False
     )
@@ -751,11 +760,8 @@ def down(cluster: Cluster, crds: bool = False) -> None:
         "-n", "kube-system", "delete", "rolebinding", "-l", selector, "--ignore-not-found", check=False
     )
     cluster.kubectl(
-        "delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", check=False, timeout=180
+        "delete", "namespace", namespace, "--ignore-not-found", "--wait=true", check=False, timeout=180
     )
-    if crds:
-        uninstall_crds(cluster)
-    log("monitoring stack removed")
 
 
 def _available(cluster: Cluster, api_service: str) -> Callable[[], bool]:

@@ -7,14 +7,17 @@ gateway's held requests (the activator sidecar) and completions, scraped by the 
 Prometheus from the operator's PodMonitor.
 
 A serving QwenDeployment (minReplicas 1, driver keda) is edited to minReplicas 0 with the shortest
-idleSeconds (60): with no completion answered yet, no trigger was ever active and KEDA scales the engines
-to 0 at once (ScaledToZero True/Idle, Ready False ScaledToZero). CONCURRENT chat requests then arrive
-together: the activator holds them, KEDA's operator writes the one scale-up 0 -> 1 (the API server's
-audit log names it), the engine starts, every request is answered 200 by it, and ScaledToZero goes
-Waking, then Serving. A test marked bench (minutes of waiting) then checks the idle path: the answers
-keep the engine up for the traffic trigger's window and idleSeconds, then KEDA scales it to 0. Edited
-back to minReplicas 1, the status carries nothing of scale to zero any more, and settled reconciles
-write nothing.
+idleSeconds (60): KEDA scales the engines to 0 only once the gateway's old pods (without the activator)
+are gone (the audit log has both), and at once then: no completion was answered yet, so no trigger was
+ever active (ScaledToZero True/Idle, Ready False ScaledToZero); the gateway lists the models itself.
+CONCURRENT chat requests then arrive together, one of them streamed: the activator holds them (the stream
+gets keep-alive comments), KEDA's operator writes the one scale-up 0 -> 1 (the API server's audit log
+names it), the engine starts, every request is answered 200 by it, and ScaledToZero goes Waking, then
+Serving. A second deployment at zero whose model cache does not exist shows the bound: its held request
+gets the JSON 503 at holdSeconds, its held stream an error event. Meanwhile the idle clock runs: the
+answers keep the engine up for the traffic trigger's window and idleSeconds, then KEDA scales it to 0
+and the gateway still lists the models. Edited back to minReplicas 1, the status carries nothing of
+scale to zero any more, and settled reconciles write nothing.
 
 The timeline is printed and written to .devcluster/scale-to-zero-timeline.json (docs/autoscaling.md).
 """
@@ -26,6 +29,8 @@ import json
 import secrets
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,11 +42,13 @@ import pytest
 from qwen_devtools import keda, monitoringstack, serving
 from qwen_devtools.devcluster import cluster as devcluster
 from qwen_devtools.devcluster.nodecomponents import NODE_NAME
-from qwen_devtools.operator_proc import assert_settled_writes_nothing, deployment_writes
+from qwen_devtools.net import check_destination, http_get
+from qwen_devtools.operator_proc import assert_settled_writes_nothing, audit_requests, deployment_writes
 from qwen_devtools.wait import wait_until
 from qwen_operator import recording
 from qwen_operator.api.review import review
 from qwen_operator.manifests import ClusterFacts, build_children
+from qwen_operator.manifests.scaling import traffic_window
 from qwen_operator.status import CONDITION_TYPES
 
 pytestmark = [pytest.mark.cluster, pytest.mark.real_node, pytest.mark.engine]
@@ -50,12 +57,14 @@ NAMESPACE = "e2e-scale-to-zero"
 NAME = "chat-zero"
 ENGINE = f"{NAME}-engine"
 ENGINE_SELECTOR = f"app.kubernetes.io/instance={NAME},app.kubernetes.io/component=engine"
+REPLICASET_CONTROLLER = "system:serviceaccount:kube-system:replicaset-controller"
 #: The issue's 8 requests at once during the cold start; the engine runs 8 at once (maxNumSeqs).
 CONCURRENT = 8
 IDLE_SECONDS = 60  # the smallest the spec allows
 PROMETHEUS = f"http://{monitoringstack.PROMETHEUS_SERVICE}.{monitoringstack.NAMESPACE}.svc:9090"
 OPERATOR_USER = f"system:serviceaccount:{serving.OPERATOR_NAMESPACE}:{serving.RELEASE}"
 CACHE_CLAIM = serving.dev_qwendeployment()["spec"]["model"]["cache"]["claimName"]
+MODEL = "Qwen/Qwen3-32B"
 TIMELINE = Path(__file__).resolve().parents[1] / ".devcluster" / "scale-to-zero-timeline.json"
 
 
@@ -127,9 +136,8 @@ class Zero:
         print(f"[scale-to-zero] the scale-up's writer: {self.scaler}; written to {TIMELINE}")
 
 
-@pytest.fixture(scope="module")
-def zero(real_cluster: devcluster.Cluster) -> Iterator[Zero]:
-    assert real_cluster.name
+def _body() -> dict[str, Any]:
+    """The serving QwenDeployment the module edits to zero: KEDA, minReplicas 1, 5 s scrapes."""
     body = serving.dev_qwendeployment(name=NAME, namespace=NAMESPACE)
     spec = body["spec"]
     spec.pop("replicas", None)
@@ -142,6 +150,18 @@ def zero(real_cluster: devcluster.Cluster) -> Iterator[Zero]:
         "maxReplicas": 2,  # the issue's "maxReplicas of at least 2": one wake is still one scale-up
     }
     spec["monitoring"] = {"serviceMonitor": True, "prometheusRule": True, "interval": "5s"}
+    return body
+
+
+#: The gateway-traffic trigger's window at the 5 s scrape interval: the engines stay up that long after
+#: the last answer, then idleSeconds more.
+TRAFFIC_WINDOW_SECONDS = int(traffic_window(review(_body())).removesuffix("s"))
+
+
+@pytest.fixture(scope="module")
+def zero(real_cluster: devcluster.Cluster) -> Iterator[Zero]:
+    assert real_cluster.name
+    body = _body()
     rendered = build_children(review(body), ClusterFacts()).objects
     rule = next(c for c in rendered if c["kind"] == "PrometheusRule")
     serving.load_images(real_cluster.name)
@@ -150,7 +170,7 @@ def zero(real_cluster: devcluster.Cluster) -> Iterator[Zero]:
     serving.install_operator(real_cluster)
     serving.prepare_namespace(real_cluster, NAMESPACE)
     serving.model_cache(real_cluster, NAMESPACE, CACHE_CLAIM)
-    key = serving.api_key_secret(real_cluster, NAMESPACE, spec["gateway"]["apiKeysSecret"])
+    key = serving.api_key_secret(real_cluster, NAMESPACE, body["spec"]["gateway"]["apiKeysSecret"])
     serving.apply(real_cluster, body)
     serving.wait_serving(real_cluster, NAMESPACE, NAME)
     state = Zero(real_cluster, key, serving.service_url(real_cluster, NAMESPACE, NAME))
@@ -192,6 +212,18 @@ def zero_scaled_objects(cluster: devcluster.Cluster) -> list[dict[str, Any]]:
 def _engines(cluster: devcluster.Cluster) -> list[dict[str, Any]]:
     items = serving.get_json(cluster, "-n", NAMESPACE, "get", "pods", "-l", ENGINE_SELECTOR)["items"]
     return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def _gateway_pods_deleted(zero: Zero, since: float) -> list[dict[str, Any]]:
+    """The ReplicaSet controller's deletes of this deployment's gateway pods since `since` (a rollout's
+    old pods), from the audit log, oldest first."""
+    deletes = audit_requests(zero.cluster, [REPLICASET_CONTROLLER], ["delete"], since)
+    prefix = f"{NAME}-gateway-"
+    return [
+        e
+        for e in deletes
+        if e["objectRef"].get("resource") == "pods" and e["objectRef"].get("name", "").startswith(prefix)
+    ]
 
 
 def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -246,30 +278,50 @@ def test_edit_to_zero_then_concurrent_requests_wake_one_engine_and_are_all_answe
     (down,) = _scale_writes(zero, zero.marks["edit to minReplicas 0"])
     assert down["user"]["username"] == keda.OPERATOR_USER, down
     zero.mark("scale-down to 0 written", down["time"])
+    # Not before every gateway pod holds: the ScaledObject keeps one engine until the ReplicaSet controller
+    # has deleted the last gateway pod without the activator (the audit log has both writes).
+    (*_, last_old) = _gateway_pods_deleted(zero, zero.marks["edit to minReplicas 0"])
+    zero.mark("last gateway pod without the activator deleted", last_old["time"])
+    assert down["time"] > last_old["time"], (down["time"], last_old["time"])
     _wait_idle(zero, down["time"])
     wait_until(lambda: not _engines(zero.cluster), 120, "the engine pod gone", interval=1)
     zero.mark("engine pod gone")
-    # The gateway pods that hold (with the activator) replace the others in a rollout that KEDA does not
-    # wait for: a request that reaches an old pod at zero gets 503 at once (docs/autoscaling.md).
-    wait_until(lambda: _gateway_holds(zero), 300, "the gateway rolled out with the activator", interval=1)
-    zero.mark("gateway rolled out with the activator, its held requests scraped")
+    wait_until(lambda: _gateway_holds(zero), 300, "the activator's held requests scraped", interval=1)
+    zero.mark("held requests scraped")
+
+    # At zero the gateway lists the models itself (no engine wakes for it).
+    status, text = http_get(f"{zero.url}/v1/models", 10, _auth(zero.key), serving.CLUSTER_NETWORKS)
+    assert status == 200 and [m["id"] for m in json.loads(text)["data"]] == [MODEL], (status, text)
 
     # CONCURRENT requests at once, with no engine: the activator holds them all, one scale-up answers them.
     sent = time.time()
     zero.mark("requests sent")
     with ThreadPoolExecutor(CONCURRENT) as pool:
+        # one of them streamed: SSE comments while it waits, then its tokens
+        streamed = pool.submit(_stream, zero.url, zero.key, f"wake streamed {secrets.token_hex(4)}")
         calls = [
             pool.submit(serving.chat, zero.url, zero.key, f"wake {i} {secrets.token_hex(4)}", 16, 600)
-            for i in range(CONCURRENT)
+            for i in range(CONCURRENT - 1)
         ]
         results = []
         for call in calls:
             results.append(call.result())
             zero.mark("first answer")
+        lines = streamed.result()
     zero.mark("all answered")
-    assert [status for status, _ in results] == [200] * CONCURRENT, results
+    assert [status for status, _ in results] == [200] * (CONCURRENT - 1), results
     # the engine's own answers (a random model's text may all be reasoning, so no content is asked for)
-    assert all(b["model"] == "Qwen/Qwen3-32B" and b["usage"]["completion_tokens"] > 0 for _, b in results)
+    assert all(b["model"] == MODEL and b["usage"]["completion_tokens"] > 0 for _, b in results)
+    stream_status = lines[0][1]
+    comments = [t for t, line in lines if line.startswith(":")]
+    data = [(t, line) for t, line in lines if line.startswith("data:")]
+    assert stream_status == "200" and data and data[-1][1] == "data: [DONE]", lines[:3] + lines[-3:]
+    assert len(comments) >= 2 and max(comments) < data[0][0], "keep-alive comments, then the tokens"
+    assert json.loads(data[0][1].removeprefix("data: "))["model"] == MODEL
+    print(
+        f"[scale-to-zero] the streamed request: {len(comments)} keep-alive comment(s), "
+        f"then {len(data)} events"
+    )
 
     time.sleep(2)  # the audit log is written as requests complete
     writes = _scale_writes(zero, sent)
@@ -300,22 +352,85 @@ def test_edit_to_zero_then_concurrent_requests_wake_one_engine_and_are_all_answe
     zero.report()
 
 
-@pytest.mark.bench  # minutes of waiting: the traffic trigger's 2-min window, then idleSeconds
+NO_CACHE = "no-cache"
+#: A short hold for the deployment whose engines cannot start (the spec's least is 5 s).
+HOLD_SECONDS = 20
+
+
+def test_with_no_engine_able_to_start_held_requests_get_the_json_503_at_the_bound(zero: Zero) -> None:
+    """A deployment at zero whose model cache does not exist: the woken engine pod cannot start, so a held
+    request gets the JSON 503 at holdSeconds and a held stream its keep-alive comments, then an error event
+    and the end of the stream; neither hangs."""
+    body = serving.dev_qwendeployment(name=NO_CACHE, namespace=NAMESPACE)
+    spec = body["spec"]
+    spec.pop("replicas", None)
+    spec["model"]["cache"]["claimName"] = "no-such-cache"
+    spec["gateway"]["apiKeysSecret"] = zero.qwd()["spec"]["gateway"]["apiKeysSecret"]
+    spec["autoscaling"] = {
+        "driver": "keda",
+        "prometheusAddress": PROMETHEUS,
+        "minReplicas": 0,
+        "maxReplicas": 1,
+        "scaleToZero": {"idleSeconds": IDLE_SECONDS, "holdSeconds": HOLD_SECONDS},
+    }
+    serving.apply(zero.cluster, body)
+    selector = f"app.kubernetes.io/instance={NO_CACHE},app.kubernetes.io/component=gateway"
+
+    def gateway_ready() -> bool:
+        pods = zero.get("get", "pods", "-l", selector)["items"]
+        return bool(pods) and all(_condition(p, "Ready").get("status") == "True" for p in pods)
+
+    wait_until(gateway_ready, 180, f"{NO_CACHE}'s gateway pod ready", interval=1)
+    url = serving.service_url(zero.cluster, NAMESPACE, NO_CACHE)
+
+    def listed() -> bool:  # the Service routes to the pod (its endpoints lag the pod's readiness)
+        return http_get(f"{url}/v1/models", 10, _auth(zero.key), serving.CLUSTER_NETWORKS)[0] == 200
+
+    wait_until(listed, 60, f"{NO_CACHE}'s gateway Service to answer", interval=1)
+    started = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        streamed = pool.submit(_stream, url, zero.key, "Anyone streaming?")
+        status, error = serving.chat(url, zero.key, "Anyone there?", 16, 120)
+        waited = time.monotonic() - started
+        lines = streamed.result()
+    assert status == 503, (status, error)
+    assert json.loads(error)["error"]["code"] == "no_engine_available", error
+    assert HOLD_SECONDS <= waited < HOLD_SECONDS + 10, waited
+    comments = [line for _, line in lines if line.startswith(":")]
+    data = [line for _, line in lines if line.startswith("data:")]
+    assert lines[0][1] == "200" and len(comments) >= 2, lines
+    assert json.loads(data[0].removeprefix("data: "))["error"]["code"] == "no_engine_available", lines
+    assert data[-1] == "data: [DONE]", lines
+    engines = zero.get("get", "pods", "-l", f"app.kubernetes.io/instance={NO_CACHE}")["items"]
+    print(
+        f"\n[scale-to-zero] {NO_CACHE}: 503 after {waited:.1f} s (holdSeconds {HOLD_SECONDS}), the stream "
+        f"got {len(comments)} comment(s) then its error event; pods: "
+        f"{[(p['metadata']['name'], p['status'].get('phase')) for p in engines]}"
+    )
+    zero.cluster.kubectl("-n", NAMESPACE, "delete", "qwd", NO_CACHE, "--wait=false")
+
+
 def test_after_the_last_answer_keda_waits_the_idle_period_then_scales_to_zero(zero: Zero) -> None:
+    """(The clock runs from the wake's last answer, through the test before.) The answers keep the traffic
+    trigger active for its window, KEDA then waits idleSeconds and scales the engines to 0; the gateway
+    still lists the models."""
     last = zero.marks["all answered"]
     wait_until(
         lambda: zero.get("get", "deployment", ENGINE)["spec"].get("replicas") == 0,
-        120 + IDLE_SECONDS + 120,
+        TRAFFIC_WINDOW_SECONDS + IDLE_SECONDS + 120,
         "KEDA to scale the engines to 0 after the idle period",
         interval=2,
     )
     (down,) = _scale_writes(zero, last)
     assert down["user"]["username"] == keda.OPERATOR_USER, down
-    # The answers keep the traffic trigger active for its 2-min window (from the scrape that first saw
-    # them, at most 5 s later), KEDA then waits idleSeconds after its last poll (every 10 s) that saw it.
-    assert down["time"] - last >= 120 + IDLE_SECONDS - 10, down["time"] - last
+    # The answers keep the traffic trigger active for its window (from the scrape that first saw them, at
+    # most 5 s later), KEDA then waits idleSeconds after its last poll (every 10 s) that saw it.
+    assert down["time"] - last >= TRAFFIC_WINDOW_SECONDS + IDLE_SECONDS - 10, down["time"] - last
     zero.mark("idle scale-down to 0 written", down["time"])
     _wait_idle(zero, down["time"])
+    status, text = http_get(f"{zero.url}/v1/models", 10, _auth(zero.key), serving.CLUSTER_NETWORKS)
+    assert status == 200 and [m["id"] for m in json.loads(text)["data"]] == [MODEL], (status, text)
+    print(f"\n[scale-to-zero] idle scale-down {down['time'] - last:.0f} s after the last answer")
     zero.report()
 
 
@@ -362,6 +477,36 @@ def _gateway_holds(zero: Zero) -> bool:
         return False
     query = f'{recording.GATEWAY_HELD}{{namespace="{NAMESPACE}",qwendeployment="{NAME}"}}'
     return bool(monitoringstack.prometheus_query(zero.cluster, query))
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _stream(url: str, key: str, prompt: str) -> list[tuple[float, str]]:
+    """A streamed chat request through the gateway: [(0, status)] then (time, line) for each SSE line."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 16,
+        "stream": True,
+    }
+    check_destination(url, serving.CLUSTER_NETWORKS)
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={**_auth(key), "Content-Type": "application/json"},
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=600) as response:
+            lines = [(0.0, str(response.status))]
+            for raw in response:
+                if line := raw.decode().strip():
+                    lines.append((time.time(), line))
+            return lines
+    except urllib.error.HTTPError as error:
+        return [(0.0, str(error.code)), (time.time(), error.read().decode(errors="replace"))]
 
 
 def _wait_idle(zero: Zero, since: float) -> None:

@@ -23,10 +23,10 @@ from qwen_operator.api.crd import crd
 from qwen_operator.api.review import Review, review
 from qwen_operator.api.spec import SpecError
 from qwen_operator.gateway import ACTIVATOR_METRICS_PORT, GatewayConfig, activator_args, config_files
-from qwen_operator.manifests import build_children
+from qwen_operator.manifests import ClusterFacts, build_children
 from qwen_operator.manifests.engine import startup_seconds
 from qwen_operator.manifests.monitoring import build_gateway_pod_monitor
-from qwen_operator.manifests.scaling import build_scaled_object
+from qwen_operator.manifests.scaling import build_scaled_object, traffic_window
 from support import example
 
 KEDA = {"driver": "keda", "prometheusAddress": "http://prometheus.monitoring.svc:9090"}
@@ -282,9 +282,41 @@ def test_the_gateway_wakes_the_engines_and_its_traffic_keeps_them_up() -> None:
     assert held["metadata"]["query"] == f"sum(qwen_gateway_held_requests{{{scope}}})"
     assert rev.holding is not None
     assert held["metadata"]["threshold"] == str(rev.holding.max_held_requests)
-    assert traffic["metadata"]["query"] == recording.gateway_traffic_query(qd.namespace, qd.name, "2m")
+    # four 15 s scrape intervals (the default), the least window
+    assert traffic["metadata"]["query"] == recording.gateway_traffic_query(qd.namespace, qd.name, "60s")
     for trigger in (held, traffic):
         assert trigger["metadata"]["activationThreshold"] == "0"
+
+
+def test_engines_stay_at_one_until_every_gateway_pod_holds() -> None:
+    """The edit to minReplicas 0 rolls the gateway out with the activator; a pod without it answers 503 at
+    once at zero, so the ScaledObject keeps one engine until the reconcile sees no such pod. Above zero the
+    floor changes nothing."""
+    rev = to_zero()
+    scaled = build_scaled_object(rev, gateway_holds=False)["spec"]
+    assert scaled["minReplicaCount"] == 1
+    assert len(scaled["triggers"]) == 3, "the wake and traffic triggers are in place already"
+    assert build_scaled_object(rev, gateway_holds=True)["spec"]["minReplicaCount"] == 0
+    assert build_scaled_object(to_zero(minReplicas=2), gateway_holds=False)["spec"]["minReplicaCount"] == 2
+    (child,) = [
+        o
+        for o in build_children(rev, ClusterFacts(gateway_holds=False)).objects
+        if o["kind"] == "ScaledObject"
+    ]
+    assert child["spec"]["minReplicaCount"] == 1
+
+
+@pytest.mark.parametrize(
+    ("interval", "window"), [("5s", "60s"), ("15s", "60s"), ("30s", "120s"), ("1m", "240s")]
+)
+def test_the_traffic_window_is_four_scrape_intervals_and_at_least_a_minute(
+    interval: str, window: str
+) -> None:
+    rev = to_zero()
+    rev.resource.spec.monitoring.interval = interval
+    (_, _, traffic) = build_scaled_object(rev)["spec"]["triggers"]
+    assert f"[{window}]" in traffic["metadata"]["query"]
+    assert traffic_window(rev) == window
 
 
 def test_above_zero_the_scaled_object_keeps_the_queue_trigger_alone() -> None:
@@ -300,7 +332,6 @@ def test_gateway_series_carry_their_deployment_for_the_triggers() -> None:
         assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"]
 
 
-
 def _promtool_test(promtool: str, directory: Path, unit: dict[str, Any]) -> None:
     """`promtool test rules` on one unit-test file; its own report when a case fails."""
     (directory / "traffic.test.yaml").write_text(yaml.safe_dump(unit))
@@ -312,6 +343,7 @@ def _promtool_test(promtool: str, directory: Path, unit: dict[str, Any]) -> None
         timeout=60,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+
 
 def test_the_traffic_trigger_sees_answers_that_created_their_counter(tmp_path: Path) -> None:
     """promtool (Prometheus's own PromQL engine) on synthetic series: a counter born with a wake's burst

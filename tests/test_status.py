@@ -499,6 +499,20 @@ def test_scaled_to_zero_then_waking_then_serving_and_the_resync_writes_nothing()
     assert merge_patch(up, compute_status(_at_zero(engine=deployment(1, 1)), up, later)) == {}
 
 
+def test_serving_says_one_engine_stays_while_a_gateway_pod_cannot_hold() -> None:
+    status = compute_status(_at_zero(engine=deployment(1, 1), gateway_holds=False), None, T0)
+    zero = cond(status, "ScaledToZero")
+    assert (zero["status"], zero["reason"]) == ("False", "Serving")
+    assert zero["message"] == (
+        "1 engine replica(s) ready; one stays until every gateway pod can hold requests (rolling out), "
+        "then back to zero after 1800 s without completions"
+    )
+    rolled = compute_status(_at_zero(engine=deployment(1, 1)), status, T1)
+    assert cond(rolled, "ScaledToZero")["message"] == (
+        "1 engine replica(s) ready; back to zero after 1800 s without completions"
+    )
+
+
 def test_above_zero_there_is_no_scaled_to_zero_condition() -> None:
     status = compute_status(serving(engine=deployment(0, 0), pods=[]), None, T0)
     assert "ScaledToZero" not in [c["type"] for c in status["conditions"]]

@@ -25,7 +25,12 @@ from .api.spec import SpecError
 from .k8s import ApiException, Cluster
 from .manifests import ClusterFacts, build_children, node_pool, scaling, upgrade
 from .manifests.engine import hands_replicas_over
-from .manifests.gateway import GENERATED_KEY_ID, generated_api_keys_secret, generated_engine_key_secret
+from .manifests.gateway import (
+    ACTIVATOR,
+    GENERATED_KEY_ID,
+    generated_api_keys_secret,
+    generated_engine_key_secret,
+)
 from .manifests.policy import OPERATOR_PEER_ENV, SCRAPERS_ENV, parse_operator_peer, parse_scrapers
 from .metrics import DEPLOYMENTS_READY, MANAGED_OBJECTS, RECONCILE_SECONDS, RECONCILES
 from .status import Observed, TierObservation, compute_status, events, merge_patch
@@ -135,7 +140,9 @@ def _reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
         rollout_under_way=_rollout_under_way(cluster, meta["namespace"], meta["name"]),
         scrapers=engine_scrapers(),
         operator=operator_peer(),
+        gateway_holds=_gateway_holds(cluster, rev),
     )
+    obs.gateway_holds = facts.gateway_holds
     children = build_children(rev, facts)
     obs.rollout = children.rollout
     obs.skipped = children.skipped
@@ -232,6 +239,17 @@ def _rollout_under_way(cluster: Cluster, ns: str, name: str) -> Rollout | None:
         return None
     pods = _running(cluster.pods(ns, name, names.selector_of(name, "engine")))
     return Rollout.kept(engine, unschedulable=any(_unschedulable(p) for p in pods))
+
+
+def _gateway_holds(cluster: Cluster, rev: Review) -> bool:
+    """False while a gateway pod of a deployment that scales to zero runs without the activator (the
+    rollout after the edit to minReplicas 0): such a pod answers 503 at once at zero. A rollout whose pods
+    all hold (a key rotation at zero), or no pod at all, wakes no engine."""
+    if rev.holding is None:
+        return True
+    ns, name = rev.resource.metadata.namespace, rev.resource.metadata.name
+    pods = _running(cluster.pods(ns, name, names.selector_of(name, "gateway")))
+    return all(ACTIVATOR in {c["name"] for c in p["spec"]["containers"]} for p in pods)
 
 
 def _unschedulable(pod: dict[str, Any]) -> bool:

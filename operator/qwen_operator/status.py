@@ -145,6 +145,8 @@ class Observed:
     lora: LoraObservation | None = None
     #: The QwenDeployments of spec.gateway.tiers, in order; None: not observed (no tiers).
     tiers: list[TierObservation] | None = None
+    #: False while a gateway pod cannot hold requests yet (minReplicas 0 rolling out): one engine stays.
+    gateway_holds: bool = True
 
     @property
     def plan_errors(self) -> list[str]:
@@ -572,9 +574,12 @@ def _held_requests(hpa: dict[str, Any] | None) -> int:
     return 0
 
 
-def _scaled_to_zero(h: Holding, desired: int, ready: int, pods: bool, held: int = 0) -> dict[str, Any]:
+def _scaled_to_zero(
+    h: Holding, desired: int, ready: int, pods: bool, held: int = 0, gateway_holds: bool = True
+) -> dict[str, Any]:
     """autoscaling.minReplicas 0: True while no engine runs; False from the wake (its lastTransitionTime
-    says since when) through serving. `held`: the gateway's held requests as KEDA's HPA last read them."""
+    says since when) through serving. `held`: the gateway's held requests as KEDA's HPA last read them.
+    `gateway_holds` False: a gateway pod without the activator still runs, so one engine stays."""
     wait = f"the first answer takes about {h.expected_cold_start_seconds} s"
     if desired == 0 and not pods:
         return _cond(
@@ -593,12 +598,10 @@ def _scaled_to_zero(h: Holding, desired: int, ready: int, pods: bool, held: int 
             f"{desired} engine replica(s) asked for, none ready yet; {wait}, {waiting} in the gateway "
             f"(at most {h.hold_seconds} s)",
         )
-    return _cond(
-        "ScaledToZero",
-        False,
-        "Serving",
-        f"{ready} engine replica(s) ready; back to zero after {h.idle_seconds} s without completions",
-    )
+    after = f"back to zero after {h.idle_seconds} s without completions"
+    if not gateway_holds:
+        after = f"one stays until every gateway pod can hold requests (rolling out), then {after}"
+    return _cond("ScaledToZero", False, "Serving", f"{ready} engine replica(s) ready; {after}")
 
 
 def compute_status(
@@ -648,7 +651,9 @@ def compute_status(
     holding = obs.review.holding if obs.review is not None and not invalid else None
     if holding is not None:
         held = _held_requests(obs.hpa)
-        conds["ScaledToZero"] = _scaled_to_zero(holding, desired, ready, bool(obs.pods), held)
+        conds["ScaledToZero"] = _scaled_to_zero(
+            holding, desired, ready, bool(obs.pods), held, obs.gateway_holds
+        )
     conds["Ready"] = _ready(obs, conds, ready)
     types = list(CONDITION_TYPES)
     if obs.review is not None and obs.review.resource.spec.lora is not None:

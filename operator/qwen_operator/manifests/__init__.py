@@ -34,6 +34,9 @@ class ClusterFacts:
     scrapers: tuple[dict[str, Any], ...] = DEFAULT_SCRAPERS
     #: The operator's own pods (policy.parse_operator_peer), admitted to the lora-sync sidecars.
     operator: dict[str, Any] | None = None
+    #: Every gateway pod runs the activator and is ready (autoscaling.minReplicas 0): until then the
+    #: autoscaler keeps one engine, or the requests of a pod that cannot hold would get a 503 at zero.
+    gateway_holds: bool = True
 
 
 @dataclass
@@ -65,11 +68,16 @@ def build_children(review: Review, facts: ClusterFacts | None = None) -> Childre
             build_engine_network_policy(review, facts.scrapers, facts.operator),
         ]
     if spec.autoscaling:
-        objects.append(build_hpa(review) if spec.autoscaling.driver == "hpa" else build_scaled_object(review))
+        build = build_hpa if spec.autoscaling.driver == "hpa" else build_scaled_object
+        objects.append(build(review, facts.gateway_holds))
     if spec.monitoring.service_monitor:
         objects.append(build_engine_service_monitor(review))
         if spec.gateway.enabled:
-            ports = [*GATEWAY_METRICS_PORTS, *([ACTIVATOR_METRICS_PORT] if review.holding else [])]
+            # The activator's endpoint whenever KEDA scales (its port exists only at minReplicas 0): the
+            # scrape job is then in place before an edit to zero, whose first wake would otherwise wait
+            # for prometheus-operator's new configuration to reach Prometheus (up to a minute).
+            keda = spec.autoscaling is not None and spec.autoscaling.driver == "keda"
+            ports = [*GATEWAY_METRICS_PORTS, *([ACTIVATOR_METRICS_PORT] if keda or review.holding else [])]
             objects.append(build_gateway_pod_monitor(review, ports))
     if spec.monitoring.prometheus_rule:
         objects.append(build_prometheus_rule(review))

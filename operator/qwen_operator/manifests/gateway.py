@@ -166,6 +166,10 @@ def _exporter_containers(config: GatewayConfig) -> list[dict[str, Any]]:
     ]
 
 
+#: The gateway container that holds requests at zero; the reconcile looks for it in the gateway's pods.
+ACTIVATOR = "activator"
+
+
 def _activator_containers(config: GatewayConfig) -> list[dict[str, Any]]:
     """`qwen-operator activator` (the operator's image), only with autoscaling.minReplicas 0: holds the
     requests that arrive while no engine is ready. No volume, no credentials: nginx and the router are
@@ -175,7 +179,7 @@ def _activator_containers(config: GatewayConfig) -> list[dict[str, Any]]:
     w = config.wiring
     return [
         {
-            "name": "activator",
+            "name": ACTIVATOR,
             "image": operator_image(),
             "command": ["qwen-operator"],
             "args": config.activator_args,

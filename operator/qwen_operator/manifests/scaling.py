@@ -6,6 +6,7 @@ queue (gateway/limits.py), so a growing queue shows up there and nowhere else fi
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .. import names, recording
@@ -69,7 +70,16 @@ def _behavior(review: Review) -> dict[str, Any]:
     }
 
 
-def build_hpa(review: Review) -> dict[str, Any]:
+def min_replicas(review: Review, gateway_holds: bool) -> int:
+    """autoscaling.minReplicas, but 1 while minReplicas 0 waits for the gateway: at zero every request
+    must reach a gateway pod that holds it (the activator), so the engines go to zero only once the
+    gateway's rollout with the activator is over (the reconcile sees its pods)."""
+    a = review.resource.spec.autoscaling
+    assert a is not None
+    return a.min_replicas if a.min_replicas > 0 or gateway_holds else 1
+
+
+def build_hpa(review: Review, gateway_holds: bool = True) -> dict[str, Any]:
     qd = review.resource
     a = qd.spec.autoscaling
     assert a is not None
@@ -79,7 +89,7 @@ def build_hpa(review: Review) -> dict[str, Any]:
         "metadata": metadata(qd, names.engine(qd), "engine"),
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": names.engine(qd)},
-            "minReplicas": a.min_replicas,
+            "minReplicas": min_replicas(review, gateway_holds),
             "maxReplicas": a.max_replicas,
             "metrics": [
                 {
@@ -104,8 +114,26 @@ def queue_query(review: Review) -> str:
 #: KEDA's polling interval at zero replicas: how soon it sees the first held request once Prometheus has
 #: scraped it (KEDA's default, 30 s, would add that much to every wake).
 WAKE_POLL_SECONDS = 10
-#: The window of the gateway-traffic trigger: the engines stay up while any completion was answered in it.
-TRAFFIC_WINDOW = "2m"
+#: The shortest window of the gateway-traffic trigger, seconds.
+MIN_TRAFFIC_WINDOW_SECONDS = 60
+
+
+def traffic_window(review: Review) -> str:
+    """The window of the gateway-traffic trigger: the engines stay up while any completion was answered in
+    it. Four scrape intervals (Prometheus's advice for increase() and rate(), so a window always holds
+    samples enough), at least a minute: 1m at the default 15 s interval."""
+    interval = _seconds(review.resource.spec.monitoring.interval)
+    return f"{max(MIN_TRAFFIC_WINDOW_SECONDS, math.ceil(4 * interval))}s"
+
+
+def _seconds(duration: str) -> float:
+    """A scrape interval as the spec allows it (`15s`, `500ms`, `1m`), in seconds."""
+    for unit, seconds in (("ms", 0.001), ("s", 1), ("m", 60)):  # "ms" before "s", which it ends with
+        if duration.endswith(unit):
+            return int(duration.removesuffix(unit)) * seconds
+    raise ValueError(f"not a scrape interval: {duration!r}")
+
+
 #: A threshold no value reaches: the trigger only activates (0 -> 1) and never adds replicas itself.
 ACTIVATION_ONLY = 1_000_000_000
 
@@ -136,7 +164,7 @@ def _wake_triggers(review: Review, server: str | None) -> list[dict[str, Any]]:
             "name": "gateway-traffic",
             "metadata": {
                 "serverAddress": server,
-                "query": recording.gateway_traffic_query(ns, name, TRAFFIC_WINDOW),
+                "query": recording.gateway_traffic_query(ns, name, traffic_window(review)),
                 "threshold": str(ACTIVATION_ONLY),
                 "activationThreshold": "0",
             },
@@ -144,7 +172,7 @@ def _wake_triggers(review: Review, server: str | None) -> list[dict[str, Any]]:
     ]
 
 
-def build_scaled_object(review: Review) -> dict[str, Any]:
+def build_scaled_object(review: Review, gateway_holds: bool = True) -> dict[str, Any]:
     qd = review.resource
     a = qd.spec.autoscaling
     assert a is not None
@@ -170,7 +198,7 @@ def build_scaled_object(review: Review) -> dict[str, Any]:
         "metadata": metadata(qd, names.engine(qd), "engine"),
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": names.engine(qd)},
-            "minReplicaCount": a.min_replicas,
+            "minReplicaCount": min_replicas(review, gateway_holds),
             "maxReplicaCount": a.max_replicas,
             **to_zero,
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(review)}},

@@ -375,6 +375,7 @@ def test_with_no_engine_able_to_start_held_requests_get_the_json_503_at_the_boun
         "maxReplicas": 1,
         "scaleToZero": {"idleSeconds": IDLE_SECONDS, "holdSeconds": HOLD_SECONDS},
     }
+    spec["monitoring"] = _body()["spec"]["monitoring"]  # the PodMonitor the wake is read through
     serving.apply(zero.cluster, body)
     selector = f"app.kubernetes.io/instance={NO_CACHE},app.kubernetes.io/component=gateway"
 
@@ -389,6 +390,15 @@ def test_with_no_engine_able_to_start_held_requests_get_the_json_503_at_the_boun
         return http_get(f"{url}/v1/models", 10, _auth(zero.key), serving.CLUSTER_NETWORKS)[0] == 200
 
     wait_until(listed, 60, f"{NO_CACHE}'s gateway Service to answer", interval=1)
+    # A new deployment's PodMonitor reaches Prometheus through prometheus-operator's configuration Secret
+    # (up to a minute); until it is scraped, nothing could wake an engine.
+    held = f'{recording.GATEWAY_HELD}{{namespace="{NAMESPACE}",qwendeployment="{NO_CACHE}"}}'
+    wait_until(
+        lambda: monitoringstack.prometheus_query(zero.cluster, held),
+        180,
+        f"{NO_CACHE}'s held series",
+        interval=2,
+    )
     started = time.monotonic()
     with ThreadPoolExecutor(2) as pool:
         streamed = pool.submit(_stream, url, zero.key, "Anyone streaming?")

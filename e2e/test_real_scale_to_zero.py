@@ -268,11 +268,11 @@ def test_edit_to_zero_then_concurrent_requests_wake_one_engine_and_are_all_answe
     zero.patch({"autoscaling": {"minReplicas": 0, "scaleToZero": {"idleSeconds": IDLE_SECONDS}}})
     # KEDA scales in once no trigger was active for idleSeconds; a ScaledObject whose triggers it never
     # saw active (no completion since the fixture started the engine: a completion would keep the engine
-    # up for the traffic trigger's 2-min window plus idleSeconds, the bench test below) has no last
-    # active time, and KEDA scales it in at its next poll.
+    # up for the traffic trigger's window plus idleSeconds, the idle test below) has no last active
+    # time, and KEDA scales it in at its first poll once the gateway holds.
     wait_until(
         lambda: zero.get("get", "deployment", ENGINE)["spec"].get("replicas") == 0,
-        120 + IDLE_SECONDS + 120,
+        TRAFFIC_WINDOW_SECONDS + IDLE_SECONDS + 120,
         "KEDA to scale the engines to 0",
         interval=1,
     )

@@ -34,7 +34,7 @@ class ClusterFacts:
     scrapers: tuple[dict[str, Any], ...] = DEFAULT_SCRAPERS
     #: The operator's own pods (policy.parse_operator_peer), admitted to the lora-sync sidecars.
     operator: dict[str, Any] | None = None
-    #: Every gateway pod runs the activator and is ready (autoscaling.minReplicas 0): until then the
+    #: No live gateway pod runs without the activator (autoscaling.minReplicas 0): until then the
     #: autoscaler keeps one engine, or the requests of a pod that cannot hold would get a 503 at zero.
     gateway_holds: bool = True
 

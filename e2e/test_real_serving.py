@@ -678,7 +678,13 @@ def test_a_second_deployment_served_as_a_tier_behind_this_gateway(served: Served
     its own engine pods (their own request counters), the limited key gets 403 for the base model,
     spill-over to the base model happens only while enabled and the tier is saturated. The tier deleted
     while serving: TiersReady False and a JSON 503 for its requests. The tiers removed: no status.tiers,
-    no TiersReady, and the settled reconciles write nothing."""
+    no TiersReady, and the settled reconciles write nothing.
+
+    The base deployment goes down to one engine first: the 2-core node has room for two engines of this
+    module, not three (make test of 2026-12-04 and 2026-12-05 left the tier's engine Unschedulable)."""
+    served.patch({"replicas": 1})
+    wait_until(lambda: len(served.pods(ENGINE_SELECTOR)) == 1, 180, "one base engine")
+    serving.wait_serving(served.cluster, NAMESPACE, NAME)
     secret = served.qwd()["spec"]["gateway"]["apiKeysSecret"]
     limited = f"sk-{secrets.token_urlsafe(24)}"
     served.cluster.kubectl(

@@ -480,15 +480,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     commands.add_parser("programs", help="only the two Go programs (cached); prints their paths")
     commands.add_parser("generate", help="only the operator's roles and the eventing CRDs (cached)")
-    for command, text in (
-        ("load", "import the images into a dev cluster's real node"),
-        ("up", "run KEDA on a dev cluster's real node (images, CRDs, RBAC, Deployments, APIService)"),
-        ("down", "remove KEDA from a dev cluster"),
-    ):
-        sub = commands.add_parser(command, help=text)
-        sub.add_argument("--name", default="dev", help="dev cluster name (default: dev)")
-        if command == "down":
-            sub.add_argument("--crds", action="store_true", help="also delete the eventing.keda.sh CRDs")
+    from .devcluster.cluster import add_cluster_commands  # not at import: see the cycle above
+
+    subs = add_cluster_commands(
+        commands,
+        {
+            "load": "import the images into a dev cluster's real node",
+            "up": "run KEDA on a dev cluster's real node (images, CRDs, RBAC, Deployments, APIService)",
+            "down": "remove KEDA from a dev cluster",
+        },
+    )
+    subs["down"].add_argument("--crds", action="store_true", help="also delete the eventing.keda.sh CRDs")
     args = parser.parse_args(argv)
     try:
         if args.command == "programs":
@@ -501,12 +503,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "load":
             load_images(args.name)
         else:
-            from .devcluster import cluster as devcluster
+            from .devcluster.cluster import running_cluster
 
-            if not devcluster.is_up(args.name):
-                print(f"[keda] dev cluster {args.name!r} is not up", file=sys.stderr)
+            handle = running_cluster(args.name, "keda")
+            if handle is None:
                 return 1
-            handle = devcluster.Cluster(devcluster.repo_kubeconfig(args.name), args.name)
             if args.command == "up":
                 up(handle)
             else:

@@ -49,7 +49,7 @@ from qwen_operator.versions import (
 )
 
 from .cache import cache_dir
-from .devcluster.cluster import Cluster
+from .devcluster.cluster import Cluster, add_cluster_commands, running_cluster
 from .gotools import GoMissing, find_go, go_program, module_source, writable_copy
 from .wait import wait_until
 
@@ -870,26 +870,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("build", help="controller-gen, the CRDs, the Go programs and the images (cached)")
-    for command, text in (
-        ("crds", "install the generated CRDs into a dev cluster"),
-        ("up", "install the whole stack into a dev cluster with the real node"),
-        ("down", "remove the stack from a dev cluster"),
-    ):
-        sub = commands.add_parser(command, help=text)
-        sub.add_argument("--name", default="dev", help="dev cluster name (default: dev)")
-        if command == "down":
-            sub.add_argument("--crds", action="store_true", help="also delete the CRDs")
+    subs = add_cluster_commands(
+        commands,
+        {
+            "crds": "install the generated CRDs into a dev cluster",
+            "up": "install the whole stack into a dev cluster with the real node",
+            "down": "remove the stack from a dev cluster",
+        },
+    )
+    subs["down"].add_argument("--crds", action="store_true", help="also delete the CRDs")
     args = parser.parse_args(argv)
     if args.command == "build":
         build()
         print(crds_dir())
         return 0
-    from .devcluster import cluster as devcluster
-
-    if not devcluster.is_up(args.name):
-        print(f"[monitoring] dev cluster {args.name!r} is not up", file=sys.stderr)
+    handle = running_cluster(args.name, "monitoring")
+    if handle is None:
         return 1
-    handle = Cluster(devcluster.repo_kubeconfig(args.name), args.name)
     actions: dict[str, Callable[[], object]] = {
         "crds": lambda: install_crds(handle),
         "up": lambda: up(handle),

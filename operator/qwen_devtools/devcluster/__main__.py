@@ -27,21 +27,21 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "preload", help="build containerd and import the serving images into the real node's image store"
     )
-    for command, text in (
-        ("up", "start the cluster (idempotent) and create the simulated node pools"),
-        ("down", "stop the cluster and remove its state (idempotent)"),
-        ("status", "show components and apiserver health; exit 1 unless up"),
-        ("kubeconfig", "print the kubeconfig path"),
-        ("env", "print an export KUBECONFIG=... line"),
-    ):
-        sub = commands.add_parser(command, help=text)
-        sub.add_argument("--name", default="dev", help="cluster name (default: dev)")
-        if command == "up":
-            sub.add_argument(
-                "--real-node",
-                action="store_true",
-                help="add this machine's real node (qwen-real-0), where pods run; one cluster per machine",
-            )
+    subs = cluster.add_cluster_commands(
+        commands,
+        {
+            "up": "start the cluster (idempotent) and create the simulated node pools",
+            "down": "stop the cluster and remove its state (idempotent)",
+            "status": "show components and apiserver health; exit 1 unless up",
+            "kubeconfig": "print the kubeconfig path",
+            "env": "print an export KUBECONFIG=... line",
+        },
+    )
+    subs["up"].add_argument(
+        "--real-node",
+        action="store_true",
+        help="add this machine's real node (qwen-real-0), where pods run; one cluster per machine",
+    )
     return parser
 
 

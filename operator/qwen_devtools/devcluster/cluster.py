@@ -9,11 +9,13 @@ State lives in ``/dev/shm/qwen-devcluster-<name>/``: ``state.json`` (ports, pids
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -332,3 +334,24 @@ def status(name: str = "dev") -> bool:
         with _core_if_ready(state) as core:
             up = realnode.status(state, core) and up
     return up
+
+
+def add_cluster_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], texts: dict[str, str]
+) -> dict[str, argparse.ArgumentParser]:
+    """Subcommands that act on one dev cluster, each with `--name` (default `dev`), by name, for the
+    caller's own options."""
+    parsers = {}
+    for command, text in texts.items():
+        parsers[command] = commands.add_parser(command, help=text)
+        parsers[command].add_argument("--name", default="dev", help="dev cluster name (default: dev)")
+    return parsers
+
+
+def running_cluster(name: str, who: str) -> Cluster | None:
+    """The dev cluster `name` when it is up; None after saying on stderr that it is not (`who`: the
+    calling tool's log tag)."""
+    if not is_up(name):
+        print(f"[{who}] dev cluster {name!r} is not up", file=sys.stderr)
+        return None
+    return Cluster(repo_kubeconfig(name), name)

@@ -86,9 +86,10 @@ def _builder(
     )
 
 
-def _make_ca(directory: Path, stem: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+def _self_signed_ca(common_name: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A new CA: its self-signed certificate (signs certificates and CRLs) and its key."""
     key = ec.generate_private_key(ec.SECP256R1())
-    subject = _name(f"qwen-devcluster-{stem}")
+    subject = _name(common_name)
     cert = (
         _builder(subject, subject, key)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
@@ -97,6 +98,11 @@ def _make_ca(directory: Path, stem: str) -> tuple[x509.Certificate, ec.EllipticC
         )
         .sign(key, hashes.SHA256())
     )
+    return cert, key
+
+
+def _make_ca(directory: Path, stem: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    cert, key = _self_signed_ca(f"qwen-devcluster-{stem}")
     _write_cert(directory / f"{stem}.crt", cert)
     _write_key(directory / f"{stem}.key", key)
     return cert, key
@@ -196,20 +202,11 @@ def service_tls(ca_name: str, dns_names: list[str]) -> dict[str, bytes]:
     """A throw-away CA and one certificate for in-cluster Services ``dns_names`` (the first its common
     name), usable both to serve and as a client (mutual TLS between two components), in memory as the
     keys of a kubernetes.io/tls Secret plus ``ca.crt``."""
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_subject = _name(ca_name)
-    ca = (
-        _builder(ca_subject, ca_subject, ca_key)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca, ca_key = _self_signed_ca(ca_name)
     key = ec.generate_private_key(ec.SECP256R1())
     usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
     cert = (
-        _builder(_name(dns_names[0]), ca_subject, key)
+        _builder(_name(dns_names[0]), ca.subject, key)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]), critical=False)

@@ -41,7 +41,7 @@ def snapshot() -> dict[str, int]:
     }
 
 
-def one(tp: int) -> None:
+def one(tp: int, loaded_layers: int) -> None:
     import compiled_forward as cf
     import first_stage
     import torch._inductor.config as inductor_config
@@ -61,6 +61,9 @@ def one(tp: int) -> None:
     before_load = torch.cuda.max_memory_allocated()
     cf.Model.forward = first_stage.first_stage_forward
     model = cf.Model(tp)
+    # The stage's other layers, loaded as the real loader loads them (tensor by tensor, same split
+    # setting) but not run: the forward's peak is one layer's, the load's fragmentation is all of them.
+    model.idle = torch.nn.ModuleList(cf.Layer(tp) for _ in range(loaded_layers - len(model.layers)))
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -84,7 +87,8 @@ def one(tp: int) -> None:
     headroom = after["peak"] - after["allocated"]
     charged = total_consumed + headroom - weights
     g = lambda b: f"{b / GIB:.3f} GiB"  # noqa: E731
-    print(f"TP {tp}, first stage, {cf.TOKENS} tokens, fresh process, first forward compiled:")
+    print(f"TP {tp}, first stage with {loaded_layers} layers loaded, {cf.TOKENS} tokens, fresh process, "
+          "first forward compiled:")
     print(f"  weights (allocated, 'Model loading took'): {g(weights)}")
     print(f"  total_consumed (free-memory drop since init): {g(total_consumed)}")
     print(f"  transient_peak_headroom (peak - allocated after): {g(headroom)}")
@@ -97,13 +101,14 @@ def one(tp: int) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) > 1:
-        one(int(sys.argv[1]))
+    if len(sys.argv) > 2:
+        one(int(sys.argv[1]), int(sys.argv[2]))
         return
     print("device:", torch.cuda.get_device_properties(0).name, "torch", torch.__version__)
-    for tp in (1, 2):
+    # 2 layers: the forward's own; 32 at TP 1: the PP 2 first stage; 64: the whole model at TP 1 and 2.
+    for tp, layers in ((1, 2), (1, 32), (1, 64), (2, 2), (2, 64)):
         sys.stdout.flush()
-        subprocess.run([sys.executable, __file__, str(tp)], check=True)
+        subprocess.run([sys.executable, __file__, str(tp), str(layers)], check=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ Two parts, each with two engines:
        to tell a few per cent;
   cpu  real vLLM CPU engines serving a small random Qwen3 with the engine flags the operator renders
        (plus --enforce-eager, which only skips the torch.compile warm-up): the gateway's CPU is taken from
-       the engines', as on a node that runs both.
+       the engines', as on a node that runs both;
+  cpu apart  the same engines bound to half the cores, the gateway and the load client to the other half
+       (direct too): the gateway on cores of its own, as the operator places it (gateway pods prefer
+       nodes without GPUs), so a hop waits for no engine's core.
 Streamed chat completions with short prompts (8 tokens generated), closed loop, to these variants:
   direct              the engines themselves, client-side round robin (a plain Service, minus kube-proxy)
   gateway             nginx + vllm-router exactly as the operator renders them (start_gateway), with an
@@ -35,6 +38,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -46,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from qwen_devtools.net import metric_sum
-from qwen_devtools.procs import Proc, tree_cpu_seconds, wait_ready
+from qwen_devtools.procs import Proc, pin_threads, pin_tree, tree_cpu_seconds, wait_ready
 from qwen_devtools.realparts import litellm
 from qwen_devtools.realparts.benchmodel import bench_model
 from qwen_devtools.realparts.compare import THROUGHPUT, Comparison, repeat_rounds, ttft_ms, write_report
@@ -199,7 +203,7 @@ def _variants(
     return targets, proxies
 
 
-async def _measure(part: Part, args: argparse.Namespace) -> None:
+async def _measure(part: Part, args: argparse.Namespace, budget: float) -> None:
     names = list(part.targets)
     measures = [ttft_ms(50, "streamed TTFT"), ttft_ms(99, "streamed TTFT"), THROUGHPUT]
     comparisons = {n: Comparison(part.label(n), names, measures, PAIRS) for n in STREAMS}
@@ -227,7 +231,6 @@ async def _measure(part: Part, args: argparse.Namespace) -> None:
 
     for name in names:  # first requests pay for connection set-up and lazy initialisation
         await closed_loop(part.targets[name], part.body, 4, 1.0)
-    budget = args.sim_budget if part.name == "sim" else args.budget
     part.why = await repeat_rounds(
         one_round, list(comparisons.values()), args.min_rounds, args.max_rounds, budget
     )
@@ -279,11 +282,12 @@ async def _sim_part(args: argparse.Namespace, rev: Review, logs: Path) -> Part:
         with start_gateway(rev, urls, {"bench": API_KEY}) as stack:
             targets, proxies = _variants("sim", urls, stack, None)
             part = Part("sim", urls, targets, proxies, _chat_body(None))
-            await _measure(part, args)
+            await _measure(part, args, args.sim_budget)
     return part
 
 
-async def _cpu_part(args: argparse.Namespace, rev: Review, logs: Path, notes: list[str]) -> Part:
+async def _cpu_parts(args: argparse.Namespace, rev: Review, logs: Path, notes: list[str]) -> list[Part]:
+    """The CPU engines with everything sharing the cores, then apart (the same engines and gateway)."""
     started = time.monotonic()
     model = bench_model(args.hidden, args.layers)
     with _stopping(_spawn_engines(model, rev, 2, logs)) as engines:
@@ -298,9 +302,46 @@ async def _cpu_part(args: argparse.Namespace, rev: Review, logs: Path, notes: li
             with start_gateway(rev, urls, {"bench": API_KEY}) as stack:
                 targets, proxies = _variants("cpu", urls, stack, proxy)
                 body = _chat_body(sorted(set(await token_ids(urls[0], SERVED_MODEL, WORDS))))
-                part = Part("cpu", urls, targets, proxies, body)
-                await _measure(part, args)
-    return part
+                shared = Part("cpu", urls, targets, proxies, body)
+                await _measure(shared, args, args.budget)
+                parts = [shared]
+                with _apart(engines, stack, notes) as apart:
+                    if apart:
+                        names = ("direct", "gateway", "vllm-router")
+                        part = Part("cpu apart", urls, {n: targets[n] for n in names},
+                                    {n: proxies[n] for n in names}, body)  # fmt: skip
+                        await _measure(part, args, args.apart_budget)
+                        parts.append(part)
+    return parts
+
+
+@contextlib.contextmanager
+def _apart(engines: Sequence[Proc], stack: GatewayStack, notes: list[str]) -> Iterator[bool]:
+    """Engines bound to the first half of this process's cores, the gateway and this process (the load
+    client) to the rest; everything unbound again afterwards. False where there is one core only."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        notes.append("cpu apart: left out (one core)")
+        yield False
+        return
+    engine_cores, client_cores = set(cores[: len(cores) // 2]), set(cores[len(cores) // 2 :])
+    gateway = list(stack.procs.values())
+    for engine in engines:
+        pin_tree(engine.pid, engine_cores)
+    for proc in gateway:
+        pin_tree(proc.pid, client_cores)
+    pin_threads(os.getpid(), client_cores)  # not its children: the engines
+    notes.append(
+        f"cpu apart: engines bound to cores {sorted(engine_cores)}, gateway, vllm-router and the load "
+        f"client to {sorted(client_cores)} (direct too)"
+    )
+    try:
+        yield True
+    finally:
+        for proc in [*engines, *gateway]:
+            if proc.alive():
+                pin_tree(proc.pid, set(cores))
+        pin_threads(os.getpid(), set(cores))
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -313,7 +354,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     if args.only in (None, "sim"):
         parts.append(await _sim_part(args, rev, work / "logs"))
     if args.only in (None, "cpu"):
-        parts.append(await _cpu_part(args, rev, work / "logs", notes))
+        parts += await _cpu_parts(args, rev, work / "logs", notes)
     seconds = time.monotonic() - started
     notes = [*_notes(rev, args), *(n for part in parts for n in _part_notes(part)), *notes]
     print(f"\n{SCENARIO}: streamed chat completions, ratios to direct (client-side round robin)")
@@ -347,8 +388,8 @@ def _notes(rev: Review, args: argparse.Namespace) -> list[str]:
         "nginx's request id and conversation bucket headers (bare: without them)",
         f"litellm: LiteLLM proxy {litellm.LITELLM_VERSION}, 1 worker, simple-shuffle over both engines, "
         "master key, no database",
-        "2 shared cores: engines, gateway, proxy and the load client compete for them, so a proxy's CPU "
-        "cost also slows the CPU engines (as on a shared node); ratios, not absolute numbers, carry over",
+        "cpu: 2 shared cores: engines, gateway, proxy and the load client compete for them, so a proxy's "
+        "CPU cost also slows the CPU engines (as on a shared node); ratios, not absolute numbers, carry over",
     ]
 
 
@@ -366,6 +407,7 @@ def main() -> None:
     args.ramp = 0.5
     args.min_rounds, args.max_rounds = (1, 1) if args.quick else (3, 6)
     args.budget = 60.0 if args.quick else 240.0  # measuring only; engines and proxy start in ~1.5 min
+    args.apart_budget = 30.0 if args.quick else 160.0
     args.sim_budget = 40.0 if args.quick else 180.0
     asyncio.run(main_async(args))
 

@@ -131,11 +131,9 @@ def running(proc: Proc) -> Iterator[Proc]:
         proc.stop()
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU time (user + system, seconds) of a live process and its live descendants, from /proc: what a
-    benchmark charges to one server (nginx's master and workers, say) over a measurement."""
-    parents: dict[int, int] = {}
-    seconds: dict[int, float] = {}
+def _process_table() -> dict[int, tuple[int, float]]:
+    """Every live process's parent and CPU time (user + system, seconds), from /proc."""
+    table: dict[int, tuple[int, float]] = {}
     tick = os.sysconf("SC_CLK_TCK")
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -145,11 +143,37 @@ def tree_cpu_seconds(pid: int) -> float:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue  # gone meanwhile
-        parents[int(entry.name)] = int(fields[1])
-        seconds[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
-    total, todo = 0.0, [pid]
+        table[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    return table
+
+
+def process_tree(pid: int) -> list[int]:
+    """A live process and its live descendants."""
+    table = _process_table()
+    tree, todo = [], [pid]
     while todo:
         current = todo.pop()
-        total += seconds.get(current, 0.0)
-        todo.extend(child for child, parent in parents.items() if parent == current)
-    return total
+        tree.append(current)
+        todo.extend(child for child, (parent, _) in table.items() if parent == current)
+    return tree
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, seconds) of a live process and its live descendants, from /proc: what a
+    benchmark charges to one server (nginx's master and workers, say) over a measurement."""
+    table = _process_table()
+    return sum(table[p][1] for p in process_tree(pid) if p in table)
+
+
+def pin_threads(pid: int, cpus: set[int]) -> None:
+    """Bind every thread of one process to `cpus` (threads and children started later inherit it)."""
+    with contextlib.suppress(OSError):  # gone meanwhile
+        for thread in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(thread), cpus)
+
+
+def pin_tree(pid: int, cpus: set[int]) -> None:
+    """Bind every thread of a process and of its descendants to `cpus`."""
+    for process in process_tree(pid):
+        pin_threads(process, cpus)

@@ -2,7 +2,7 @@
 vllm-router alone with the same routing policy and spread of load, and the LiteLLM proxy, at 1, 16 and 64
 concurrent streams. Prints ratios to direct, and the gateway's ratio to vllm-router alone.
 
-Two parts, each with two engines:
+Three parts, each with two engines:
   sim  llm-d-inference-sim replicas with the cited H100 timings of Qwen3-32B (qwen_devtools/realparts/sim.py):
        the engines hardly use the CPU, so what the gateway costs shows alone, and TTFT is tight enough
        to tell a few per cent;

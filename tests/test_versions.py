@@ -38,13 +38,10 @@ SUFFIXES = {".md", ".yaml", ".yml", ".txt", ".toml", ".sh", ".tpl"}
 NAMES = {"Dockerfile", "Makefile", "go.mod"}
 SKIP_DIRS = {".git", ".venv", ".devcluster", "__pycache__", "node_modules"}
 #: Files that name other versions on purpose: the planner's calibration against start-up logs of older
-#: vLLM releases, and the raw output of a measurement made with the GPU machine's own PyTorch.
+#: vLLM releases, and the raw outputs of measurements made with the GPU machine's own PyTorch.
 OTHER_VERSIONS_ON_PURPOSE = {
     "docs/capacity-planning.md",
-    "tools/measure/activation_peak.out.txt",
-    "tools/measure/compiled_forward.out.txt",
-    "tools/measure/first_stage.out.txt",
-    "tools/measure/runtime_terms.out.txt",
+    *(str(p.relative_to(REPO)) for p in (REPO / "tools" / "measure").glob("*.out.txt")),
 }
 
 

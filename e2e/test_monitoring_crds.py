@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from qwen_devtools import monitoringstack
+from qwen_devtools import keda, monitoringstack
 from qwen_devtools.gotools import GoMissing
 from qwen_devtools.operator_proc import OperatorProcess, install, service_account_kubeconfig
 from qwen_devtools.repo import REPO
@@ -93,6 +93,28 @@ def test_rendered_monitors_rules_and_scaled_objects_pass_the_real_schema(
     result = server_dry_run(cluster, objects)
     assert result.returncode == 0, result.stderr
     assert "unknown field" not in result.stderr and "Warning" not in result.stderr, result.stderr
+
+
+def test_scaled_objects_keda_can_no_longer_finalize_are_released(
+    cluster: Any, crds: list[str], namespace: str
+) -> None:
+    """keda.down's release_finalized: no KEDA runs here, as after `keda down`; a ScaledObject that
+    carries KEDA's finalizer stays, deleted, until it is dropped (a test teardown timed out on one)."""
+    scaled = next(o for o in rendered(INPUTS[-1], namespace) if o["kind"] == "ScaledObject")
+    scaled["metadata"]["finalizers"] = ["finalizer.keda.sh"]
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(scaled))
+    name = scaled["metadata"]["name"]
+    cluster.kubectl("-n", namespace, "delete", "scaledobject", name, "--wait=false")
+    stuck = json.loads(cluster.kubectl("-n", namespace, "get", "scaledobject", name, "-o", "json").stdout)
+    assert stuck["metadata"]["deletionTimestamp"], "deleted, held by the finalizer"
+    assert f"{namespace}/scaledobjects.keda.sh/{name}" in keda.release_finalized(cluster)
+
+    def gone() -> bool:
+        found = cluster.kubectl("-n", namespace, "get", "scaledobject", name, check=False)
+        return found.returncode != 0 and "NotFound" in found.stderr
+
+    wait_until(gone, 30, f"ScaledObject {name} gone", interval=0.5)
+    assert keda.release_finalized(cluster) == []
 
 
 def test_every_checked_kind_is_rendered_by_some_input() -> None:

@@ -182,11 +182,15 @@ def zero(real_cluster: devcluster.Cluster) -> Iterator[Zero]:
     watcher.join(timeout=30)
     # KEDA removes its finalizer from the ScaledObject: delete it while KEDA runs and the namespace is
     # active (in a terminating namespace KEDA took more than a minute once); the engine pod's graceful
-    # stop goes on meanwhile, and the namespace is gone before the next module starts.
-    real_cluster.kubectl(
-        "-n", NAMESPACE, "delete", "scaledobjects", "--all", "--wait=true", "--timeout=120s",
-        check=False, timeout=130,
-    )  # fmt: skip
+    # stop goes on meanwhile, and the namespace is gone before the next module starts. The
+    # QwenDeployment goes first: while it exists the operator re-creates a deleted ScaledObject, and one
+    # re-created as KEDA stops keeps the finalizer (the keda.sh CRDs' deletion then timed out, make
+    # newcomer of 2026-12-05).
+    for kind in ("qwendeployments", "scaledobjects"):
+        real_cluster.kubectl(
+            "-n", NAMESPACE, "delete", kind, "--all", "--wait=true", "--timeout=120s",
+            check=False, timeout=130,
+        )  # fmt: skip
     for left in zero_scaled_objects(real_cluster):  # KEDA never finalized it: do not leave it stuck
         print(
             f"[scale-to-zero] teardown: KEDA left ScaledObject {left['metadata']['name']}; finalizer removed"

@@ -457,15 +457,44 @@ def up(cluster: Cluster, timeout: float = STACK_TIMEOUT) -> None:
 def down(cluster: Cluster, crds: bool = False) -> None:
     """Remove what `up` applied (the APIService first: an unavailable aggregated API slows discovery for
     every client); with ``crds`` the eventing.keda.sh CRDs `up` installed too (the keda.sh ones are the
-    monitoring stack's: its `down --crds`). Delete ScaledObjects before: KEDA removes their finalizer."""
+    monitoring stack's: its `down --crds`). Delete ScaledObjects before: KEDA removes their finalizer;
+    any left with it afterwards lose it (release_finalized)."""
     cluster.kubectl("delete", "apiservice", "--ignore-not-found", API_SERVICE, check=False)
     from . import monitoringstack
 
     monitoringstack.remove_labelled(cluster, NAMESPACE, STACK_LABELS)
+    release_finalized(cluster)
     if crds:
         names = [yaml.safe_load(path.read_text())["metadata"]["name"] for path in eventing_crd_files()]
         cluster.kubectl("delete", "crd", "--ignore-not-found", *names, check=False, timeout=120)
     log("KEDA removed")
+
+
+#: The kinds KEDA puts its finalizer on.
+FINALIZED_KINDS = ("scaledobjects.keda.sh", "scaledjobs.keda.sh")
+
+
+def release_finalized(cluster: Cluster) -> list[str]:
+    """With KEDA gone nothing removes its finalizer: an object that still carries it (one that a
+    controller re-created after the caller's delete, say) would never go, nor its namespace, nor the
+    keda.sh CRDs. Drop the finalizer from every such object; returns them ("namespace/kind/name")."""
+    released = []
+    for kind in FINALIZED_KINDS:
+        found = cluster.kubectl("get", kind, "--all-namespaces", "-o", "json", check=False)
+        if found.returncode:
+            continue  # no such CRD (any more)
+        for item in json.loads(found.stdout)["items"]:
+            meta = item["metadata"]
+            if not meta.get("finalizers"):
+                continue
+            cluster.kubectl(
+                "-n", meta["namespace"], "patch", kind, meta["name"], "--type=merge",
+                "-p", '{"metadata":{"finalizers":null}}', check=False,
+            )  # fmt: skip
+            released.append(f"{meta['namespace']}/{kind}/{meta['name']}")
+    if released:
+        log(f"KEDA is gone: finalizer dropped from {', '.join(released)}")
+    return released
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ import yaml
 from qwen_devtools.operator_proc import (
     OPERATOR_USER,
     OperatorProcess,
+    assert_settled_writes_nothing,
     audit_writes,
     installed_operator,
 )
@@ -520,14 +521,12 @@ def _tiers(cluster: Any, ns: str, name: str) -> tuple[list[dict[str, Any]] | Non
     return obj.get("status", {}).get("tiers"), condition(obj, "TiersReady")
 
 
-def _settled_without_writes(cluster: Any, seconds: float) -> None:
-    wait_until(lambda: not _audit_writes(cluster, time.time() - 4), 60, "operator writes to stop")
-    since = time.time()
-    time.sleep(seconds)
-    writes = _audit_writes(cluster, since)
-    assert writes == [], "writes while settled:\n" + "\n".join(
-        f"{w['verb']} {w['requestURI']}" for w in writes
-    )
+def _settled_without_writes(cluster: Any, seconds: float, namespace: str) -> None:
+    """No operator write in `namespace` for `seconds`. Other namespaces are not this test's: an earlier
+    test's namespace, still terminating, gets status patches and events while the operator retries its
+    deployment (a make test of 2026-12-05 saw one land in this window)."""
+    _audit_writes(cluster, time.time())  # skips where the cluster keeps no audit log
+    assert_settled_writes_nothing(cluster, [OPERATOR_USER], namespace, quiet=4, window=seconds)
 
 
 def test_a_tier_is_reported_from_its_deployment_and_removed_without_a_trace(
@@ -574,7 +573,7 @@ def test_a_tier_is_reported_from_its_deployment_and_removed_without_a_trace(
         selector.get("fronts.qwenops.dev/small") == "gateway" and selector.items() <= labels.items()
         for selector in fronting
     ), peers
-    _settled_without_writes(cluster, 20)  # more than one 15-s poll of the tiers
+    _settled_without_writes(cluster, 20, namespace)  # more than one 15-s poll of the tiers
 
     cluster.kubectl("-n", namespace, "delete", "qwd", "small", "--wait=false")
     gone = "QwenDeployment small not found in this namespace"
@@ -590,4 +589,4 @@ def test_a_tier_is_reported_from_its_deployment_and_removed_without_a_trace(
     wait_condition(cluster, namespace, "chat", "Ready", "True")
     gateway = kubectl_json(cluster, "-n", namespace, "get", "deployment", "chat-gateway")
     assert "fronts.qwenops.dev/small" not in gateway["spec"]["template"]["metadata"]["labels"]
-    _settled_without_writes(cluster, 20)
+    _settled_without_writes(cluster, 20, namespace)

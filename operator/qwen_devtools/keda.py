@@ -470,14 +470,20 @@ def down(cluster: Cluster, crds: bool = False) -> None:
     log("KEDA removed")
 
 
-#: The kinds KEDA puts its finalizer on.
-FINALIZED_KINDS = ("scaledobjects.keda.sh", "scaledjobs.keda.sh")
+#: The kinds KEDA puts its finalizer on (controllers/keda/*_finalizer.go).
+FINALIZED_KINDS = (
+    "scaledobjects.keda.sh",
+    "scaledjobs.keda.sh",
+    "triggerauthentications.keda.sh",
+    "clustertriggerauthentications.keda.sh",  # cluster-scoped
+)
 
 
 def release_finalized(cluster: Cluster) -> list[str]:
     """With KEDA gone nothing removes its finalizer: an object that still carries it (one that a
     controller re-created after the caller's delete, say) would never go, nor its namespace, nor the
-    keda.sh CRDs. Drop the finalizer from every such object; returns them ("namespace/kind/name")."""
+    keda.sh CRDs. Drop the finalizer from every such object; returns them ("namespace/kind/name", or
+    "kind/name" for a cluster-scoped one)."""
     released = []
     for kind in FINALIZED_KINDS:
         found = cluster.kubectl("get", kind, "--all-namespaces", "-o", "json", check=False)
@@ -487,11 +493,12 @@ def release_finalized(cluster: Cluster) -> list[str]:
             meta = item["metadata"]
             if not meta.get("finalizers"):
                 continue
+            where = ["-n", meta["namespace"]] if "namespace" in meta else []
             cluster.kubectl(
-                "-n", meta["namespace"], "patch", kind, meta["name"], "--type=merge",
+                *where, "patch", kind, meta["name"], "--type=merge",
                 "-p", '{"metadata":{"finalizers":null}}', check=False,
             )  # fmt: skip
-            released.append(f"{meta['namespace']}/{kind}/{meta['name']}")
+            released.append("/".join([*where[1:], kind, meta["name"]]))
     if released:
         log(f"KEDA is gone: finalizer dropped from {', '.join(released)}")
     return released

@@ -191,27 +191,14 @@ def zero(real_cluster: devcluster.Cluster) -> Iterator[Zero]:
             "-n", NAMESPACE, "delete", kind, "--all", "--wait=true", "--timeout=120s",
             check=False, timeout=130,
         )  # fmt: skip
-    for left in zero_scaled_objects(real_cluster):  # KEDA never finalized it: do not leave it stuck
-        print(
-            f"[scale-to-zero] teardown: KEDA left ScaledObject {left['metadata']['name']}; finalizer removed"
-        )
-        real_cluster.kubectl(
-            "-n", NAMESPACE, "patch", "scaledobject", left["metadata"]["name"], "--type=merge",
-            "-p", '{"metadata":{"finalizers":null}}', check=False,
-        )  # fmt: skip
     real_cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
     real_cluster.kubectl(
         "delete", "pv", f"{NAMESPACE}-{CACHE_CLAIM}", "--ignore-not-found", "--wait=false", check=False
     )  # fmt: skip
     serving.uninstall_operator(real_cluster)
-    keda.down(real_cluster, crds=True)
+    keda.down(real_cluster, crds=True)  # drops KEDA's finalizer from any ScaledObject left (logged)
     monitoringstack.down(real_cluster, crds=True)
     real_cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", check=False, timeout=180)
-
-
-def zero_scaled_objects(cluster: devcluster.Cluster) -> list[dict[str, Any]]:
-    found = serving.get_json(cluster, "-n", NAMESPACE, "get", "scaledobjects")
-    return list((found or {}).get("items", []))
 
 
 def _engines(cluster: devcluster.Cluster) -> list[dict[str, Any]]:

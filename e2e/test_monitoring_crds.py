@@ -12,6 +12,7 @@ only: nothing here needs a pod to run.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,13 @@ import yaml
 
 from qwen_devtools import keda, monitoringstack
 from qwen_devtools.gotools import GoMissing
-from qwen_devtools.operator_proc import OperatorProcess, install, service_account_kubeconfig
+from qwen_devtools.operator_proc import (
+    OPERATOR_USER,
+    OperatorProcess,
+    audit_writes,
+    install,
+    service_account_kubeconfig,
+)
 from qwen_devtools.repo import REPO
 from qwen_devtools.require import missing
 from qwen_devtools.wait import wait_until
@@ -170,3 +177,38 @@ def test_operator_creates_the_monitors_and_reports_monitoring_ready(
         items = json.loads(cluster.kubectl("-n", namespace, "get", kind, "-o", "json").stdout)["items"]
         assert items, f"the operator created no {kind}"
         assert all(i["metadata"]["ownerReferences"][0]["name"] == name for i in items)
+
+
+def test_hpa_to_keda_removes_the_hpa_before_the_scaled_object_is_applied(
+    cluster: Any, operator: None, namespace: str
+) -> None:
+    """KEDA's admission webhook (on by default in KEDA's chart) refuses a ScaledObject whose target an
+    HPA already scales: applied before the operator's HPA was pruned, the switch would fail on every
+    reconcile. The operator prunes an autoscaler the spec no longer wants before applying its successor.
+    No KEDA runs here (and the dev cluster's KEDA runs without its webhooks, qwen_devtools.keda): the
+    order is read from the API server's audit log."""
+    body = yaml.safe_load(INPUTS[0].read_text())
+    body["metadata"]["namespace"] = namespace
+    body["spec"].pop("replicas", None)
+    body["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 2}
+    name = body["metadata"]["name"]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
+
+    def get(kind: str) -> list[dict[str, Any]]:
+        out = cluster.kubectl("-n", namespace, "get", kind, "-o", "json").stdout
+        return list(json.loads(out)["items"])
+
+    wait_until(lambda: get("hpa"), 60, "the operator's HPA")
+    since = time.time()
+    autoscaling = {"driver": "keda", "prometheusAddress": "http://prometheus.monitoring:9090"}
+    patch = json.dumps({"spec": {"autoscaling": autoscaling}})
+    cluster.kubectl("-n", namespace, "patch", "qwd", name, "--type=merge", "-p", patch)
+    wait_until(lambda: get("scaledobject") and not get("hpa"), 60, "the ScaledObject, no HPA")
+    writes = [
+        (w["verb"], w["objectRef"].get("resource"))
+        for w in audit_writes(cluster, [OPERATOR_USER], since)
+        if w.get("objectRef", {}).get("namespace") == namespace
+    ]
+    deleted = writes.index(("delete", "horizontalpodautoscalers"))
+    applied = writes.index(("patch", "scaledobjects"))
+    assert deleted < applied, writes

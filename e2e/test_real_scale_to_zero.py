@@ -16,8 +16,10 @@ names it), the engine starts, every request is answered 200 by it, and ScaledToZ
 Serving. A second deployment at zero whose model cache does not exist shows the bound: its held request
 gets the JSON 503 at holdSeconds, its held stream an error event. Meanwhile the idle clock runs: the
 answers keep the engine up for the traffic trigger's window and idleSeconds, then KEDA scales it to 0
-and the gateway still lists the models. Edited back to minReplicas 1, the status carries nothing of
-scale to zero any more, and settled reconciles write nothing.
+and the gateway still lists the models, while requests it refuses (no key) keep nothing up. Edited from
+zero to the HPA driver at minReplicas 1, the operator lifts the engines to one replica (an HPA does
+nothing at 0), the status carries nothing of scale to zero any more, and settled reconciles write
+nothing.
 
 The timeline is printed and written to .devcluster/scale-to-zero-timeline.json (docs/autoscaling.md).
 """
@@ -420,14 +422,30 @@ def test_with_no_engine_able_to_start_held_requests_get_the_json_503_at_the_boun
 def test_after_the_last_answer_keda_waits_the_idle_period_then_scales_to_zero(zero: Zero) -> None:
     """(The clock runs from the wake's last answer, through the test before.) The answers keep the traffic
     trigger active for its window, KEDA then waits idleSeconds and scales the engines to 0; the gateway
-    still lists the models."""
+    still lists the models. Meanwhile requests the gateway refuses (no API key, a wrong one) arrive every
+    few seconds: they keep nothing up (the traffic trigger counts admitted answers only)."""
     last = zero.marks["all answered"]
-    wait_until(
-        lambda: zero.get("get", "deployment", ENGINE)["spec"].get("replicas") == 0,
-        TRAFFIC_WINDOW_SECONDS + IDLE_SECONDS + 120,
-        "KEDA to scale the engines to 0 after the idle period",
-        interval=2,
-    )
+    stop = threading.Event()
+    refused: list[int] = []
+
+    def knock() -> None:
+        while not stop.wait(3):
+            for headers in ({}, _auth("sk-not-a-key-of-this-gateway")):
+                refused.append(_post_status(f"{zero.url}/v1/chat/completions", headers))
+
+    knocker = threading.Thread(target=knock, daemon=True)
+    knocker.start()
+    try:
+        wait_until(
+            lambda: zero.get("get", "deployment", ENGINE)["spec"].get("replicas") == 0,
+            TRAFFIC_WINDOW_SECONDS + IDLE_SECONDS + 120,
+            "KEDA to scale the engines to 0 after the idle period, with refused requests arriving",
+            interval=2,
+        )
+    finally:
+        stop.set()
+        knocker.join(timeout=30)
+    assert len(refused) >= 10 and set(refused) == {401}, refused
     (down,) = _scale_writes(zero, last)
     assert down["user"]["username"] == keda.OPERATOR_USER, down
     # The answers keep the traffic trigger active for its window (from the scrape that first saw them, at
@@ -441,8 +459,12 @@ def test_after_the_last_answer_keda_waits_the_idle_period_then_scales_to_zero(ze
     zero.report()
 
 
-def test_back_to_one_replica_leaves_nothing_of_scale_to_zero_and_settles(zero: Zero) -> None:
-    zero.patch({"autoscaling": {"minReplicas": 1, "scaleToZero": None}})
+def test_from_zero_to_the_hpa_serves_again_and_leaves_nothing_of_scale_to_zero(zero: Zero) -> None:
+    """From zero (the idle test) to `driver: hpa, minReplicas: 1`: an HPA does nothing while its target is
+    at 0, so the operator lifts the engines to 1 (issue 39 item 3; before: 0 replicas and a gateway
+    without the activator, every request a 503, indefinitely). The status then carries nothing of scale
+    to zero, and settled reconciles write nothing."""
+    zero.patch({"autoscaling": {"minReplicas": 1, "driver": "hpa", "scaleToZero": None}})
 
     def settled() -> dict[str, Any] | None:
         obj = zero.qwd()
@@ -458,10 +480,12 @@ def test_back_to_one_replica_leaves_nothing_of_scale_to_zero_and_settles(zero: Z
     assert "scaleToZero" not in status["plan"], status["plan"]
     assert not [w for w in status["plan"].get("warnings", []) if "no engine runs" in w], status["plan"]
     assert _condition(obj, "Ready")["reason"] == "Serving"
-    scaled = zero.get("get", "scaledobject", ENGINE)
-    assert scaled["spec"]["minReplicaCount"] == 1
-    assert [t.get("name") for t in scaled["spec"]["triggers"]] == [None], scaled["spec"]["triggers"]
+    assert not zero.cluster.kubectl("-n", NAMESPACE, "get", "scaledobject", "-o", "name").stdout.strip()
+    assert zero.get("get", "hpa", ENGINE)["spec"]["minReplicas"] == 1
     assert zero.get("get", "deployment", ENGINE)["spec"]["replicas"] == 1
+    status, _ = http_get(f"{zero.url}/v1/models", 10, _auth(zero.key), serving.CLUSTER_NETWORKS)
+    assert status == 200
+    assert _post_status(f"{zero.url}/v1/chat/completions", _auth(zero.key)) == 200
     assert_settled_writes_nothing(zero.cluster, [OPERATOR_USER], NAMESPACE)
 
 
@@ -488,6 +512,21 @@ def _gateway_holds(zero: Zero) -> bool:
 
 def _auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
+
+
+def _post_status(url: str, headers: dict[str, str]) -> int:
+    """The status of one small chat request through the gateway with `headers`."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 1}
+    check_destination(url, serving.CLUSTER_NETWORKS)
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={**headers, "Content-Type": "application/json"}
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=30) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
 
 
 def _stream(url: str, key: str, prompt: str) -> list[tuple[float, str]]:

@@ -195,6 +195,49 @@ def test_replicas_to_autoscaling_and_back_never_drops_an_engine(
     assert_resync_writes_nothing(cluster, operator, namespace)
 
 
+KEDA_TO_ZERO = {
+    "minReplicas": 0,
+    "maxReplicas": 2,
+    "driver": "keda",
+    "prometheusAddress": "http://prometheus.monitoring:9090",
+}
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param({"autoscaling": {"minReplicas": 1, "maxReplicas": 2, "driver": "hpa"}}, id="to-hpa"),
+        pytest.param({"autoscaling": None, "replicas": 2}, id="to-fixed-replicas"),
+    ],
+)
+def test_engines_left_at_zero_by_keda_serve_again_under_the_next_driver(
+    cluster: Any, operator: OperatorProcess, namespace: str, edit: dict[str, Any]
+) -> None:
+    """KEDA leaves the engines at 0 replicas; an HPA does nothing while its target is at 0 (its
+    ScalingActive is False), so after an edit to the HPA driver only the operator can start an engine:
+    it lifts the Deployment to minReplicas (as the hand-off manager); an edit to fixed replicas applies
+    them. KEDA's CRDs are absent here, so KEDA's part, scaling to zero, is done by hand through the
+    scale subresource, as KEDA's HPA does."""
+    name = create(cluster, example("a100-80gb-tp2-bf16", namespace, replicas=None, autoscaling=KEDA_TO_ZERO))
+    settled(cluster, namespace, name)
+    cluster.kubectl("-n", namespace, "scale", "deployment", f"{name}-engine", "--replicas=0")
+    wait_until(lambda: engine(cluster, namespace, name)["status"].get("replicas", 0) == 0, 60, "at zero")
+    spec = dict(edit)
+    if spec.get("autoscaling"):
+        spec["autoscaling"] = {**spec["autoscaling"], "prometheusAddress": None}
+    patch(cluster, namespace, name, spec)
+    want = 1 if edit.get("autoscaling") else 2
+    wait_until(lambda: engine(cluster, namespace, name)["spec"]["replicas"] == want, 60, f"{want} replicas")
+    obj = settled(cluster, namespace, name)
+    assert obj["status"]["readyReplicas"] == want, obj["status"]["replicasSummary"]
+    assert "ScaledToZero" not in {c["type"] for c in obj["status"]["conditions"]}
+    if edit.get("autoscaling"):
+        assert kubectl_json(cluster, "-n", namespace, "get", "hpa", f"{name}-engine")
+        owners = replicas_owners(engine(cluster, namespace, name, "--show-managed-fields"))
+        assert "qwen-operator" not in owners, owners
+    assert_resync_writes_nothing(cluster, operator, namespace)
+
+
 def test_context_across_the_yarn_threshold_leaves_no_stale_plan(
     cluster: Any, operator: OperatorProcess, namespace: str
 ) -> None:

@@ -26,7 +26,7 @@ from qwen_operator.manifests.upgrade import (
     replaces_pods,
 )
 from qwen_operator.objects import changed_paths, content_hash
-from qwen_operator.status import merge_patch
+from qwen_operator.status import Observed, compute_status, merge_patch
 from support import run_cli
 from test_status import example, reviewed
 
@@ -226,6 +226,41 @@ def test_an_unchanged_spec_keeps_the_pod_an_earlier_version_rendered() -> None:
     assert held.deployment["metadata"]["annotations"][ENGINE_TEMPLATE] == content_hash(
         before["spec"]["template"]
     )
+
+
+def test_a_held_security_setting_is_a_condition_not_only_a_field() -> None:
+    """Issue 39 item 10: an upgrade whose new defaults tighten the engine pod (its securityContext, the
+    engine key) still holds the running pod until the next edit, as every operator default is held
+    (docs/security.md, "Operator upgrades"); the held security settings are a condition in the status,
+    not only a line of status.engineUpdate."""
+    before = _engine_deployment()
+    live = _live(before, 3, content_hash(before["spec"]["template"]))
+    after = copy.deepcopy(before)
+    engine = after["spec"]["template"]["spec"]["containers"][0]
+    engine["securityContext"]["readOnlyRootFilesystem"] = True
+    engine.setdefault("env", []).append(
+        {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "chat-engine-key", "key": "key"}}}
+    )
+    held = hold_engine_template(after, live, generation=3, reconciled_generation=3, policy="OnEdit")
+    running = held.deployment["spec"]["template"]["spec"]["containers"][0]
+    assert (
+        running["securityContext"] == before["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+    )
+    assert held.security == [
+        ".spec.containers[0].securityContext.readOnlyRootFilesystem",
+        f".spec.containers[{engine['name']}].env[VLLM_API_KEY]",
+    ]
+    assert hold_engine_template(_with_new_default(before), live, 3, 3, "OnEdit").security == []
+    observed = Observed(generation=3, engine_update={"available": True}, held_security=held.security)
+    conditions = {c["type"]: c for c in compute_status(observed, None)["conditions"]}
+    held_condition = conditions["SecurityUpdateHeld"]
+    assert (held_condition["status"], held_condition["reason"]) == ("True", "HeldUntilEdit")
+    assert (
+        "readOnlyRootFilesystem" in held_condition["message"] and "VLLM_API_KEY" in held_condition["message"]
+    )
+    assert "SecurityUpdateHeld" not in {
+        c["type"] for c in compute_status(Observed(generation=3), None)["conditions"]
+    }
 
 
 def test_an_edit_or_immediate_takes_the_new_rendering() -> None:

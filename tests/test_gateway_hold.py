@@ -34,7 +34,7 @@ from qwen_devtools.realparts.sim import H100_32B, sim_argv
 from qwen_devtools.wait import wait_until
 from qwen_operator.api.review import review
 
-KEYS = {"team-a": "sk-team-a-0123456789abcdef"}
+KEYS = {"team-a": "sk-team-a-0123456789abcdef", "team-b": "sk-team-b-0123456789abcdef"}
 AUTH = {"Authorization": f"Bearer {KEYS['team-a']}"}
 HTTP = requests.Session()
 HTTP.trust_env = False  # never a proxy: everything is on 127.0.0.1
@@ -103,9 +103,12 @@ def _chat(content: str, stream: bool = False, max_tokens: int = 5) -> dict[str, 
     }
 
 
-def _post(stack: GatewayStack, body: dict[str, Any], timeout: float = 90) -> requests.Response:
+def _post(
+    stack: GatewayStack, body: dict[str, Any], timeout: float = 90, key: str = "team-a", **headers: str
+) -> requests.Response:
+    headers["Authorization"] = f"Bearer {KEYS[key]}"
     return HTTP.post(
-        f"{stack.url}/v1/chat/completions", json=body, headers=AUTH, timeout=timeout, stream=body["stream"]
+        f"{stack.url}/v1/chat/completions", json=body, headers=headers, timeout=timeout, stream=body["stream"]
     )
 
 
@@ -248,6 +251,26 @@ def test_without_an_engine_requests_end_at_the_bounds() -> None:
         assert _metric(stack, "qwen_gateway_hold_timeouts_total") == 2
         assert _metric(stack, "qwen_gateway_hold_rejected_total") == 1
         assert _metric(stack, "qwen_gateway_hold_wait_seconds_count", outcome="timeout") == 2
+
+
+def test_one_key_cannot_take_every_held_place() -> None:
+    """maxHeld 2, both taken by team-a: team-b's request is held in the place of team-a's newest. nginx
+    tells the activator the key; a client's own copy of that header counts for nothing."""
+    with _stack(hold_seconds=8, max_held=2) as stack, ThreadPoolExecutor(3) as pool:
+        oldest = pool.submit(_post, stack, _chat("First of team-a"))
+        _wait_held(stack, 1)
+        newest = pool.submit(_post, stack, _chat("Second of team-a"))
+        _wait_held(stack, 2)
+        forged = _post(stack, _chat("Third, as team-b"), timeout=5, **{"X-Qwen-Hold-Key-Id": "team-b"})
+        assert forged.status_code == 503 and forged.json()["error"]["code"] == "overloaded", forged.text
+        other = pool.submit(_post, stack, _chat("First of team-b"), key="team-b")
+        evicted = newest.result(5)
+        assert evicted.status_code == 503 and evicted.headers["Retry-After"] == "10", evicted.text
+        assert evicted.json()["error"]["code"] == "overloaded"
+        assert _held(stack) == 2 and not oldest.done() and not other.done()
+        # No engine: both end at the hold bound.
+        assert [r.result(15).json()["error"]["code"] for r in (oldest, other)] == ["no_engine_available"] * 2
+        assert _metric(stack, "qwen_gateway_hold_wait_seconds_count", outcome="evicted") == 1
 
 
 def test_a_client_that_gives_up_leaves_no_held_request_behind() -> None:

@@ -30,6 +30,7 @@ from qwen_devtools.realparts.nginx import nginx_bin, nginx_check
 from qwen_devtools.vllm_env import vllm_router_bin
 from qwen_operator import gateway, names, versions
 from qwen_operator.api.review import Review, review
+from qwen_operator.api.spec import SpecError
 from qwen_operator.gateway import GATEWAY_METRICS_PORTS, Limits, config_files, router_args
 from qwen_operator.manifests.exposure import build_client_service, build_routes
 from qwen_operator.manifests.gateway import GENERATED_KEY_ID, build_gateway, generated_api_keys_secret
@@ -637,3 +638,137 @@ def test_an_adapters_requests_are_hashed_on_its_name(tmp_path: Path) -> None:
 def test_map_key_keeps_nginx_conf_valid_for_any_served_name() -> None:
     assert gateway.nginx.map_key('a "b" \\ c') == 'a \\"b\\" \\\\ c'
     assert gateway.nginx.map_key("~x") == "\\~x" and gateway.nginx.map_key("default") == "\\default"
+
+
+# --- holding requests at zero (autoscaling.minReplicas 0) ----------------------------------------------
+
+
+def _holding(**gateway_fields: Any) -> Review:
+    rev = _review(REPO / "tests" / "golden" / "inputs" / "scale-to-zero.yaml", **gateway_fields)
+    assert rev.holding is not None
+    return rev
+
+
+def _overloaded_location(conf: str) -> str:
+    found = re.search(r"\n        location @overloaded \{\n(.*?)\n        \}\n", conf, re.S)
+    assert found, "no @overloaded location"
+    return found.group(1)
+
+
+def test_a_reload_keeps_a_held_request_to_its_end() -> None:
+    """A key rotation reloads nginx; its old workers must outlive a request held at zero and then served:
+    the hold, then the request timeout."""
+    rev = _holding(requestTimeoutSeconds=1234)
+    assert rev.holding is not None
+    shutdown = int(re.findall(r"^worker_shutdown_timeout (\d+)s;$", gateway.nginx_conf(rev), re.M)[0])
+    assert shutdown >= rev.holding.hold_seconds + 1234
+
+
+@pytest.mark.parametrize(("auth", "key"), [("apiKeys", "$key_id"), ("none", "$remote_addr")])
+def test_only_the_activator_gets_the_key_of_a_held_request(auth: str, key: str, tmp_path: Path) -> None:
+    """The activator shares its held places out by key: nginx sets the key header (never the client's
+    copy) on the requests it hands the activator, and on no other."""
+    rev = _holding(auth=auth)
+    conf = gateway.nginx_conf(rev)
+    setting = f"proxy_set_header X-Qwen-Hold-Key-Id {key};"
+    assert setting in _overloaded_location(conf)
+    assert conf.count("X-Qwen-Hold-Key-Id") == 1
+    root = _render(rev, tmp_path, {"team-a": "sk-0123456789abcdef"} if auth == "apiKeys" else None, None)
+    result = nginx_check(root / "config" / "nginx.conf")
+    assert result.returncode == 0, result.stderr
+    assert "[warn]" not in result.stderr, result.stderr
+
+
+#: The longest API key id the spec allows (a Secret's data key).
+LONG_KEY_ID = "k" * 253
+#: Characters a name might hold: every ASCII one (control characters too) and one outside ASCII.
+_CANDIDATE_CHARACTERS = [*map(chr, range(1, 128)), "é"]
+
+
+def _accepted(field: str, make: Any) -> str:
+    """The candidate characters the spec accepts in one name field (`make(name)` builds the body)."""
+    accepted = []
+    for char in _CANDIDATE_CHARACTERS:
+        try:
+            review(make(f"x{char}"))
+        except SpecError:
+            continue
+        accepted.append(char)
+    assert accepted, field
+    return "".join(accepted)
+
+
+def _every_name_kind(served: str, routed: str) -> dict[str, Any]:
+    """A deployment whose every name nginx.conf and model-access.js carry is `served` (the base model) or
+    built of `routed` (tiers, their spill-over and per-key limits, an alias and its picks, a limited key,
+    an adapter), as long as the spec allows, at zero replicas so that the held /v1/models lists render
+    too; the limited keys' ids are as long as the spec allows."""
+    body = copy.deepcopy(load(EXAMPLES[0]))
+    body["metadata"]["uid"] = UID
+    body["spec"]["model"]["servedModelName"] = served
+    body["spec"]["lora"] = {
+        "adapters": [{"name": "a-0", "source": {"huggingFace": {"repo": "my-org/a-0", "revision": "0" * 40}}}]
+    }
+    body["spec"].pop("replicas", None)
+    body["spec"]["autoscaling"] = {
+        "minReplicas": 0,
+        "maxReplicas": 2,
+        "driver": "keda",
+        "prometheusAddress": "http://prometheus.monitoring.svc:9090",
+    }
+    small, medium, alias = (f"{prefix}{routed * 3}"[:256] for prefix in ("~1", "default", "2"))
+    body["spec"]["gateway"] |= {
+        "tiers": [
+            {"name": small, "deploymentRef": {"name": "small"}, "spillTo": medium},
+            {"name": medium, "deploymentRef": {"name": "medium"}, "rateLimit": {"requestsPerMinute": 60}},
+        ],
+        "aliases": [
+            {
+                "name": alias,
+                "rules": [{"model": small, "header": {"name": "X-Tier", "value": f"v{routed}"[:256]}}],
+                "default": served,
+            }
+        ],
+        "modelAccess": [
+            {"apiKeys": ["team-a"], "models": [small, alias]},
+            {"apiKeys": [LONG_KEY_ID], "models": [served, "a-0", medium]},
+        ],
+    }
+    return body
+
+
+def test_every_name_the_spec_accepts_renders_a_config_nginx_accepts(tmp_path: Path) -> None:
+    """Each name field takes the characters the spec allows it, all at once; nginx -t reads nginx.conf
+    and compiles model-access.js (njs), so a name nginx or njs would read otherwise fails here."""
+    served = _accepted("servedModelName", lambda name: _every_name_kind(name, "x"))
+    routed = _accepted("tier and alias names", lambda name: _every_name_kind("base", name))
+    rev = review(_every_name_kind(served, routed))
+    root = _render(rev, tmp_path, {"team-a": "sk-0123456789abcdef", LONG_KEY_ID: "sk-fedcba9876543210"}, None)
+    conf = root / "config" / "nginx.conf"
+    assert served in conf.read_text() and routed in (root / "config" / "model-access.js").read_text()
+    assert LONG_KEY_ID in (root / "state" / "keys.map").read_text()
+    result = nginx_check(conf)
+    assert result.returncode == 0, result.stderr
+    assert "[warn]" not in result.stderr, result.stderr
+
+
+def test_a_tier_spills_only_the_keys_that_may_use_its_spill_target() -> None:
+    """The spill-over backup is an upstream of its own: keys limited to models without the spill target
+    get the tier's router alone (their access group, which only nginx sets, picks it)."""
+    served = _review().resource.spec.served_model_name
+    rev = _review(
+        tiers=[{"name": "small", "deploymentRef": {"name": "small"}, "spillTo": served}],
+        modelAccess=[
+            {"apiKeys": ["small-only"], "models": ["small"]},
+            {"apiKeys": ["small-and-base"], "models": ["small", served]},
+        ],
+    )
+    conf = gateway.nginx_conf(rev)
+    denied = re.search(r"map \$http_x_qwen_access_group \$tier_t0_upstream \{\n(.*?)\n    \}", conf, re.S)
+    assert denied, conf
+    assert denied.group(1).split("\n") == ["        default tier_t0_route;", "        m0 tier_t0_alone;"]
+    assert "proxy_pass http://$tier_t0_upstream;" in conf
+    assert re.search(r"upstream tier_t0_alone \{\n[^}]*max_fails=0;\n        keepalive 64;\n    \}", conf)
+    # the client's copies are replaced on the way in; the spill target gets the key id, not the group
+    assert "proxy_set_header X-Qwen-Access-Group $tier_access_group;" in conf
+    assert "proxy_set_header X-Qwen-Key-Id $http_x_qwen_key_id;" in conf

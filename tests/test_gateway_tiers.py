@@ -3,8 +3,9 @@ module, one vllm-router per engine set, exactly as rendered, in front of llm-d-i
 (simulated engines: one serving the base model, one per tier under the tier's model name; what is under
 test is which engine set a request reaches, which each engine's own request counter tells).
 
-Tiers: qwen3-4b (spills to the base model when saturated), qwen3-8b (no spill-over, a per-key limit)
-and qwen3-14b, whose deployment has no engine (missing, or not ready). The alias `auto` sends short
+Tiers: qwen3-4b (spills to the base model when saturated), qwen3-8b (no spill-over, a per-key limit),
+qwen3-14b, whose deployment has no engine (missing, or not ready), and qwen3-1.7b, which has no engine
+either and spills to qwen3-8b (so each of its requests spills). The alias `auto` sends short
 prompts without tools to qwen3-4b, requests with the header X-Tier: medium to qwen3-8b, the rest to
 the base model.
 """
@@ -32,8 +33,11 @@ KEYS = {
     "small-team": "sk-small-0123456789abcdef",  # qwen3-4b and auto only
     "admin": "sk-admin-0123456789abcdef",  # in no rule: every model
     "limits": "sk-limits-0123456789abcdef",  # every model; used by the per-key limit test only
+    "small-and-base": "sk-small-and-base-0123456789",  # qwen3-4b and the base model (its spill target)
+    "overflow-team": "sk-overflow-team-0123456789",  # qwen3-1.7b only, not its spill target
+    "spiller": "sk-spiller-0123456789abcdef",  # qwen3-1.7b and qwen3-8b; the spilled-limit test only
 }
-SMALL, MEDIUM, MISSING = "qwen3-4b", "qwen3-8b", "qwen3-14b"
+SMALL, MEDIUM, MISSING, OVERFLOW = "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-1.7b"
 #: The engine sets, by the model name each serves.
 ENGINES = (SERVED_MODEL, SMALL, MEDIUM)
 HTTP = requests.Session()
@@ -58,6 +62,7 @@ def _deployment() -> dict[str, Any]:
                     **one_at_a_time,
                 },
                 {"name": MISSING, "deploymentRef": {"name": "gone"}},
+                {"name": OVERFLOW, "deploymentRef": {"name": "tiny"}, "spillTo": MEDIUM},
             ],
             "aliases": [
                 {
@@ -69,7 +74,12 @@ def _deployment() -> dict[str, Any]:
                     "default": SERVED_MODEL,
                 }
             ],
-            "modelAccess": [{"apiKeys": ["small-team"], "models": [SMALL, "auto"]}],
+            "modelAccess": [
+                {"apiKeys": ["small-team"], "models": [SMALL, "auto"]},
+                {"apiKeys": ["small-and-base"], "models": [SMALL, SERVED_MODEL]},
+                {"apiKeys": ["overflow-team"], "models": [OVERFLOW]},
+                {"apiKeys": ["spiller"], "models": [OVERFLOW, MEDIUM]},
+            ],
         }
     )
 
@@ -117,7 +127,7 @@ def stack() -> Iterator[Stack]:
             rev,
             [engines[SERVED_MODEL].url],
             KEYS,
-            tier_worker_urls=[[engines[SMALL].url], [engines[MEDIUM].url], []],
+            tier_worker_urls=[[engines[SMALL].url], [engines[MEDIUM].url], [], []],
         )
         yield Stack(engines, gateway)
     finally:
@@ -165,11 +175,11 @@ def test_the_alias_routes_as_its_rules_declare(
     stack.expect_one_more(before, engine)
 
 
-def _two_at_once(stack: Stack, model: str) -> list[requests.Response]:
+def _two_at_once(stack: Stack, model: str, key: str = "admin") -> list[requests.Response]:
     """Two slow requests at once: the tier's router admits one (maxConcurrentRequests 1, queueSize 0)."""
     body = _completion(model, max_tokens=40, ignore_eos=True)  # about 1 s on the simulated engine
     with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(lambda _: stack.send("admin", body), range(2)))
+        return list(pool.map(lambda _: stack.send(key, body), range(2)))
 
 
 def test_a_saturated_tier_spills_to_its_spill_target_only_when_enabled(stack: Stack) -> None:
@@ -190,6 +200,64 @@ def test_a_saturated_tier_spills_to_its_spill_target_only_when_enabled(stack: St
     assert refused.json()["error"]["code"] == "overloaded", refused.text
     after = stack.counts()
     assert after[MEDIUM] == before[MEDIUM] + 1 and after[SERVED_MODEL] == before[SERVED_MODEL], after
+
+
+def test_a_key_that_may_not_use_the_spill_target_gets_the_saturated_tiers_own_refusal(stack: Stack) -> None:
+    """small-team may use qwen3-4b, not the base model it spills to: the second request gets qwen3-4b's
+    503 (its router's admission is full), as without spillTo, and the base model nothing."""
+    before = stack.counts()
+    answers = _two_at_once(stack, SMALL, "small-team")
+    assert sorted(a.status_code for a in answers) == [200, 503], [a.text for a in answers]
+    served = next(a for a in answers if a.status_code == 200)
+    assert served.json()["model"] == SMALL, served.text
+    refused = next(a for a in answers if a.status_code == 503)
+    assert refused.headers["Content-Type"] == "application/json"
+    assert refused.json()["error"]["code"] == "overloaded", refused.text
+    after = stack.counts()
+    assert after[SMALL] == before[SMALL] + 1 and after[SERVED_MODEL] == before[SERVED_MODEL], after
+
+
+def test_a_tier_without_engines_spills_only_for_keys_that_may_use_the_target(stack: Stack) -> None:
+    """qwen3-1.7b has no engine: every request for it spills to qwen3-8b, but overflow-team's gets
+    qwen3-1.7b's own 503, which names it, also when it sends the access group header of a key that may
+    spill (m3, spiller's: nginx sets the header, never passes the client's)."""
+    before = stack.counts()
+    for forged in ({}, {"X-Qwen-Access-Group": "m3", "X-Qwen-Key-Id": "spiller"}):
+        refused = stack.send("overflow-team", _completion(OVERFLOW), forged)
+        assert refused.status_code == 503, (forged, refused.text)
+        assert refused.json()["error"]["code"] == "no_engine_available", refused.text
+        assert f"No engine replica of {OVERFLOW} is ready" in refused.json()["error"]["message"]
+    assert stack.counts() == before, "a request spilled to a model its key may not use"
+    for key in ("admin", "spiller"):
+        answer = stack.send(key, _completion(OVERFLOW))
+        assert answer.status_code == 200 and answer.json()["model"] == MEDIUM, (key, answer.text)
+    wait_until(lambda: stack.counts()[MEDIUM] == before[MEDIUM] + 2, 5, "both on qwen3-8b")
+
+
+def test_a_limited_key_allowed_the_spill_target_still_spills(stack: Stack) -> None:
+    before = stack.counts()
+    answers = _two_at_once(stack, SMALL, "small-and-base")
+    assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+    assert sorted(a.json()["model"] for a in answers) == sorted([SMALL, SERVED_MODEL])
+    after = stack.counts()
+    assert after[SMALL] == before[SMALL] + 1 and after[SERVED_MODEL] == before[SERVED_MODEL] + 1, after
+
+
+def test_the_spill_targets_per_key_limit_counts_the_spilled_requests(stack: Stack) -> None:
+    """qwen3-8b allows each key 60 per minute, burst 3 (4 at once): spiller spends that on qwen3-8b, then
+    asks for qwen3-1.7b, which spills to qwen3-8b, whose 429 (naming qwen3-8b) it gets. Spent with
+    direct requests, which are quicker than spilled ones: the limit takes back one a second."""
+    spent: list[int] = []
+    while len(spent) < 8 and (not spent or spent[-1] == 200):
+        spent.append(stack.send("spiller", _completion(MEDIUM)).status_code)
+    assert spent[-1] == 429 and spent.count(200) >= 3, spent
+    before = stack.counts()
+    limited = stack.send("spiller", _completion(OVERFLOW))
+    assert limited.status_code == 429, limited.text
+    assert limited.headers["Retry-After"] == "1", limited.headers
+    assert limited.json()["error"]["code"] == "rate_limit_exceeded"
+    assert MEDIUM in limited.json()["error"]["message"], limited.text
+    assert stack.counts() == before
 
 
 def test_an_unsaturated_tier_does_not_spill(stack: Stack) -> None:
@@ -244,7 +312,7 @@ def test_a_tiers_per_key_limit_applies_to_its_requests_only(stack: Stack) -> Non
 
 @pytest.mark.parametrize(
     ("key", "listed"),
-    [("small-team", {SMALL, "auto"}), ("admin", {SERVED_MODEL, SMALL, MEDIUM, MISSING, "auto"})],
+    [("small-team", {SMALL, "auto"}), ("admin", {SERVED_MODEL, SMALL, MEDIUM, MISSING, OVERFLOW, "auto"})],
 )
 def test_models_lists_what_the_key_may_call(stack: Stack, key: str, listed: set[str]) -> None:
     answer = HTTP.get(f"{stack.gateway.url}/v1/models", headers={"Authorization": f"Bearer {KEYS[key]}"})

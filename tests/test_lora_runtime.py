@@ -7,15 +7,22 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
+from qwen_devtools.net import LOOPBACK
 from qwen_operator.adapters import LoraObservation, observe
 from qwen_operator.api.lorafile import FILE_NAME, SIDECAR_PORT, parse
 from qwen_operator.api.review import review
 from qwen_operator.manifests import ClusterFacts, build_all
 from qwen_operator.manifests.policy import DEFAULT_SCRAPERS, parse_operator_peer
+from qwen_operator.manifests.upgrade import ENGINE_GENERATION, ENGINE_TEMPLATE, hold_engine_template
+from qwen_operator.objects import content_hash
+from qwen_operator.reconcile import _sidecar_status
 from qwen_operator.status import Observed, compute_status
 from support import example
 
@@ -219,3 +226,127 @@ def test_without_lora_the_status_has_no_adapters_and_no_condition_for_them() -> 
     status = _status(None, minimal_body())
     assert "lora" not in status
     assert all(c["type"] != "AdaptersLoaded" for c in status["conditions"])
+
+
+# --- readiness: a pod is Ready once its sidecar has loaded the adapters --------------------------
+
+
+def _containers(objects: dict[tuple[str, str], Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in _engine_pod(objects)["spec"]["containers"]}
+
+
+def test_the_sidecar_makes_the_pod_ready_only_once_it_holds_its_adapters() -> None:
+    """Pod readiness is every container's: the router and the activator see an engine pod only once its
+    lora-sync sidecar answers /ready (the first round's adapters loaded, or failed). No startup budget:
+    a failing readiness probe restarts nothing, and the engine's own startupProbe covers the start."""
+    containers = _containers(_objects(_body(SQL, CHAT)))
+    sidecar = containers["lora-sync"]
+    probe = sidecar["readinessProbe"]
+    assert probe["httpGet"] == {"path": "/ready", "port": "lora-sync"}
+    assert probe["periodSeconds"] <= 5 and probe.get("successThreshold", 1) == 1
+    assert "startupProbe" not in sidecar
+    assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"  # liveness is not readiness
+    assert containers["vllm"]["readinessProbe"]["httpGet"]["path"] == "/health"
+    # Adapters live in the ConfigMap: adding one leaves the pod template (and its probes) alone.
+    assert _containers(_objects(_body(SQL))) == containers
+
+
+def test_the_new_readiness_probe_waits_for_an_edit_after_an_operator_upgrade() -> None:
+    """An engine pod rendered by an earlier operator version (no /ready probe) is held until the spec is
+    next edited (manifests/upgrade.py): the probe is not a security setting, so no SecurityUpdateHeld."""
+    (desired,) = [
+        o for (k, n), o in _objects(_body(SQL)).items() if k == "Deployment" and n.endswith("-engine")
+    ]
+    live = copy.deepcopy(desired)
+    for container in live["spec"]["template"]["spec"]["containers"]:
+        if container["name"] == "lora-sync":
+            del container["readinessProbe"]
+    live["metadata"]["annotations"] = {
+        ENGINE_GENERATION: "4",
+        ENGINE_TEMPLATE: content_hash(live["spec"]["template"]),
+    }
+    held = hold_engine_template(desired, live, 4, 4, "OnEdit")
+    assert held.deployment["spec"]["template"] == live["spec"]["template"]
+    assert held.changes == [".spec.containers[1].readinessProbe"]
+    assert held.security == []
+    edited = hold_engine_template(desired, live, 5, 4, "OnEdit")  # any edit rolls it out
+    assert edited.deployment["spec"]["template"] == desired["spec"]["template"] and not edited.changes
+
+
+# --- sidecar answers are untrusted: any pod with the engine labels can answer -----------------------
+
+
+class Sidecar:
+    """An HTTP server on loopback answering /status with fixed bytes (and, to cut an answer short, a
+    Content-Length larger than what it sends)."""
+
+    def __init__(self) -> None:
+        self.body, self.length = b"{}", None
+        sidecar = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(sidecar.length or len(sidecar.body)))
+                self.end_headers()
+                self.wfile.write(sidecar.body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def fetch(self, url: str) -> Any:
+        """The operator's own GET (reconcile._sidecar_status) of a pod at 127.0.0.1, sent to this port."""
+        assert url == f"http://{LOOPBACK}:{SIDECAR_PORT}/status"
+        return _sidecar_status(f"http://{LOOPBACK}:{self.port}/status")
+
+
+@pytest.fixture
+def sidecar() -> Iterator[Sidecar]:
+    server = Sidecar()
+    yield server
+    server.server.shutdown()
+    server.server.server_close()
+
+
+MALFORMED = {
+    "a list": b"[1, 2]",
+    "a string": b'"ok"',
+    "a number": b"42",
+    "null": b"null",
+    "not JSON": b"<html>502</html>",
+    "adapters a list": b'{"adapters": ["sql"]}',
+    "adapters missing": b'{"engineReachable": true}',
+    "an adapter a string": b'{"adapters": {"sql": "loaded"}}',
+    "loaded not a boolean": b'{"adapters": {"sql": {"loaded": "yes"}}}',
+    "error not a string": b'{"adapters": {"sql": {"loaded": false, "error": {"nested": [1]}}}}',
+    "loaded a list": b'{"adapters": {"sql": {"loaded": [true]}}}',
+    "deeply nested": b"[" * 100_000 + b"]" * 100_000,
+    "invalid UTF-8": b'{"adapters": {"\xff": {}}}',
+    "over 1 MiB": b'{"adapters": {}, "pad": "' + b"x" * (2 << 20) + b'"}',
+}
+
+
+@pytest.mark.parametrize("body", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_sidecar_answer_makes_that_pod_unknown_and_never_raises(
+    sidecar: Sidecar, body: bytes
+) -> None:
+    sidecar.body = body
+    pods = [_pod("a", LOOPBACK), _pod("b", "10.0.0.2")]
+    good = {"http://10.0.0.2:8001/status": {"adapters": {"sql": {"loaded": True, "error": None}}}}
+    seen = observe(pods, ["sql"], lambda url: good[url] if url in good else sidecar.fetch(url))
+    assert seen.pods == 2 and seen.adapters["sql"].loaded == 1 and seen.adapters["sql"].errors == []
+    (silent,) = seen.silent
+    assert silent.startswith("a: ") and 3 < len(silent) < 200
+    condition = _adapters_loaded(_status(LoraObservation(seen.pods, seen.adapters, seen.silent)))
+    assert (condition["status"], condition["reason"]) == ("False", "Loading")
+
+
+def test_a_sidecar_answer_cut_short_makes_that_pod_unknown(sidecar: Sidecar) -> None:
+    sidecar.body, sidecar.length = b'{"adapters": {', 1000
+    seen = observe([_pod("a", LOOPBACK)], ["sql"], sidecar.fetch)
+    assert len(seen.silent) == 1 and seen.silent[0].startswith("a: ")

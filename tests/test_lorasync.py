@@ -5,12 +5,13 @@ test_lorasync_live.py."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -466,6 +467,274 @@ def test_hub_download_finds_a_cached_commit_offline(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(snapshot)
+
+
+# --- readiness: the pod serves once it holds its adapters ----------------------------------------
+
+
+class Served:
+    """A syncer's HTTP endpoints on loopback (serve), for the test's duration."""
+
+    def __init__(self, syncer: Syncer) -> None:
+        port = free_port()
+        self.server = serve(LOOPBACK, port, lambda: syncer.report)
+        self.base = f"http://{LOOPBACK}:{port}"
+
+    def ready(self) -> tuple[int, dict[str, Any]]:
+        code, body = http_get(f"{self.base}/ready")
+        return code, json.loads(body) if body.startswith("{") else {"body": body}
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def served() -> Iterator[Callable[[Syncer], Served]]:
+    """Serves a syncer's endpoints until the test ends."""
+    opened: list[Served] = []
+
+    def open_for(syncer: Syncer) -> Served:
+        opened.append(Served(syncer))
+        return opened[-1]
+
+    yield open_for
+    for one in opened:
+        one.close()
+
+
+def _held_download(tmp_path: Path) -> tuple[threading.Event, Any]:
+    """A Hub download that waits for the event, then writes the adapter (or fails for my-org/broken)."""
+    release = threading.Event()
+
+    def download(source: HubSource, cache_dir: Path) -> Path:
+        release.wait(10)
+        if source.repo == "my-org/broken":
+            raise OSError("403 Forbidden")
+        snapshot = hub_snapshot(source, tmp_path)
+        _adapter_dir(tmp_path, str(snapshot.relative_to(tmp_path)))
+        return snapshot
+
+    return release, download
+
+
+def _downloads_done(syncer: Syncer) -> None:
+    wait_until(lambda: all(f.done() for f in syncer.downloads.values()), 10, "the downloads")
+
+
+def test_ready_only_once_the_first_rounds_adapters_are_loaded(
+    fake: FakeVllm, tmp_path: Path, served: Callable[[Syncer], Served]
+) -> None:
+    release, download = _held_download(tmp_path)
+    syncer, desired, _ = _syncer(fake, tmp_path, download=download)
+    _write(desired, Adapter("sql", hub=HubSource("my-org/sql-lora", COMMIT)),
+           Adapter("local", path=_adapter_dir(tmp_path, "loras/local")))  # fmt: skip
+    ready = served(syncer).ready
+    code, body = ready()
+    assert code == 503 and body["ready"] is False  # no round yet
+    syncer.sync_once()  # local loaded, sql still downloading
+    code, body = ready()
+    assert (code, body["ready"], body["waitingFor"]) == (503, False, ["sql"])
+    assert syncer.report.status()["ready"] is False
+    release.set()
+    _downloads_done(syncer)
+    syncer.sync_once()
+    code, body = ready()
+    assert (code, body["ready"], body["waitingFor"]) == (200, True, [])
+    assert syncer.report.status()["ready"] is True
+
+
+def test_not_ready_while_the_engine_does_not_answer(
+    fake: FakeVllm, tmp_path: Path, served: Callable[[Syncer], Served]
+) -> None:
+    syncer, desired, _ = _syncer(fake, tmp_path)
+    _write(desired)  # no adapters: ready as soon as a round reaches the engine
+    syncer.engine = Engine(f"http://{LOOPBACK}:{free_port()}", KEY)  # the engine still starting
+    ready = served(syncer).ready
+    syncer.sync_once()
+    code, body = ready()
+    assert code == 503 and "engine" in body["reason"]
+    syncer.engine = Engine(fake.url, KEY)
+    syncer.sync_once()
+    assert ready()[0] == 200
+
+
+def test_a_failing_adapter_does_not_keep_the_pod_unready(
+    fake: FakeVllm, tmp_path: Path, served: Callable[[Syncer], Served]
+) -> None:
+    """A broken adapter must not keep the base model (and the other adapters) from serving: after its
+    first failed attempt (load refused, files missing, Hub download failed) it no longer holds up
+    readiness, and it keeps being retried with backoff."""
+    release, download = _held_download(tmp_path)
+    syncer, desired, clock = _syncer(fake, tmp_path, download=download)
+    _write(desired, Adapter("big", path=_adapter_dir(tmp_path, "loras/big", rank=16)),
+           Adapter("gone", path="loras/missing"),
+           Adapter("broken", hub=HubSource("my-org/broken", COMMIT)),
+           Adapter("good", path=_adapter_dir(tmp_path, "loras/good")))  # fmt: skip
+    ready = served(syncer).ready
+    syncer.sync_once()  # big and gone failed once; broken still downloading
+    code, body = ready()
+    assert (code, body["waitingFor"]) == (503, ["broken"])
+    release.set()
+    _downloads_done(syncer)
+    syncer.sync_once()  # the download failed: nothing left to wait for
+    code, body = ready()
+    assert (code, body["waitingFor"]) == (200, [])
+    assert sorted(body["failing"]) == ["big", "broken", "gone"]
+    clock.now += BACKOFF_FIRST
+    syncer.sync_once()  # retried, still failing: still ready
+    assert fake.loads("big") == 2 and ready()[0] == 200
+
+
+def test_an_adapter_added_after_ready_keeps_the_pod_ready(
+    fake: FakeVllm, tmp_path: Path, served: Callable[[Syncer], Served]
+) -> None:
+    """Only the adapters wanted before the pod was first ready gate it: an adapter added to a serving
+    deployment (the ConfigMap changes, not the pod) loads while the pod keeps serving the others."""
+    release, download = _held_download(tmp_path)
+    syncer, desired, _ = _syncer(fake, tmp_path, download=download)
+    _write(desired, Adapter("local", path=_adapter_dir(tmp_path, "loras/local")))
+    ready = served(syncer).ready
+    syncer.sync_once()
+    assert ready()[0] == 200
+    _write(
+        desired,
+        Adapter("local", path="loras/local"),
+        Adapter("sql", hub=HubSource("my-org/sql-lora", COMMIT)),
+    )
+    syncer.sync_once()
+    assert syncer.downloads and ready()[0] == 200
+    assert syncer.report.status()["adapters"]["sql"] == {"loaded": False, "error": None}
+    fake.loras.clear()  # even an engine that lost its adapters (restarted in place) stays ready here:
+    syncer.sync_once()  # the engine's own probes decide while it restarts
+    assert ready()[0] == 200
+    release.set()
+    _downloads_done(syncer)
+    syncer.sync_once()
+    assert set(fake.loras) == {"local", "sql"}
+
+
+# --- what is downloaded from the Hub ----------------------------------------------------------------
+
+
+class FakeHub:
+    """The Hugging Face Hub's routes that huggingface_hub's snapshot_download uses for a pinned commit
+    (the recursive tree listing, and HEAD and GET of /<repo>/resolve/<commit>/<file>), serving each
+    repository from {repo: {path: bytes}}; it records the files fetched."""
+
+    def __init__(self, repos: dict[str, dict[str, bytes]]) -> None:
+        self.repos = repos
+        self.fetched: list[str] = []
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _files(self) -> tuple[dict[str, bytes], list[str]] | None:
+                """The repository's files and the rest of /api/models/<repo>/... or /<repo>/..."""
+                parts = self.path.split("?", 1)[0].strip("/").split("/")
+                for repo, files in hub.repos.items():
+                    owner, name = repo.split("/")
+                    if parts[:4] == ["api", "models", owner, name]:
+                        return files, parts[4:]
+                    if parts[:2] == [owner, name]:
+                        return files, parts[2:]
+                return None
+
+            def do_HEAD(self) -> None:
+                self._serve(body=False)
+
+            def do_GET(self) -> None:
+                self._serve(body=True)
+
+            def _serve(self, body: bool) -> None:
+                found = self._files()
+                if found is None:
+                    return self._send(404, b'{"error": "Repository not found"}', {})
+                files, rest = found
+                if rest[:2] == ["tree", COMMIT]:
+                    tree = [{"type": "file", "path": p, "size": len(data), "oid": _sha1(data)}
+                            for p, data in files.items()]  # fmt: skip
+                    return self._send(200, json.dumps(tree).encode(), {"Content-Type": "application/json"})
+                if rest[:2] == ["resolve", COMMIT] and "/".join(rest[2:]) in files:
+                    path = "/".join(rest[2:])
+                    if body:
+                        hub.fetched.append(path)
+                    data = files[path]
+                    headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{_sha1(data)}"'}
+                    return self._send(200, data, headers, body)
+                return self._send(404, b'{"error": "Entry not found"}', {"X-Error-Code": "EntryNotFound"})
+
+            def _send(self, code: int, data: bytes, headers: dict[str, str], body: bool = True) -> None:
+                self.send_response(code)
+                for key, value in headers.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if body and self.command != "HEAD":
+                    self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://{LOOPBACK}:{self.server.server_address[1]}"
+
+
+def _sha1(data: bytes) -> str:
+    return hashlib.sha1(data).hexdigest()
+
+
+def _hub_download(hub: FakeHub, repo: str, cache_dir: Path) -> Path:
+    """lorasync.hub_download with the real huggingface_hub against the fake Hub (a process of its own:
+    huggingface_hub reads HF_ENDPOINT when it is imported)."""
+    code = (
+        "import sys; from pathlib import Path; from qwen_operator.lorasync import hub_download, HubSource; "
+        f"print(hub_download(HubSource('{repo}', '{COMMIT}'), Path(sys.argv[1])))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env |= {"HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HOME": str(cache_dir.parent / "hf-home"), "NO_PROXY": "*", "no_proxy": "*"}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, str(cache_dir)],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def test_hub_download_fetches_only_what_vllm_loads(tmp_path: Path) -> None:
+    """vLLM 0.32 reads adapter_config.json and one weights file, adapter_model.safetensors, else .bin,
+    else .pt (lora/peft_helper.py, lora/lora_model.py from_local_checkpoint), and the base model's
+    tokenizer: a repository's other files (checkpoints, optimizer states, images, a second copy of the
+    weights) would fill the model cache's emptyDir, sized for the model, and get the pod evicted."""
+    pytest.importorskip("huggingface_hub")
+    config = json.dumps({"r": 8, "lora_alpha": 8}).encode()
+    hub = FakeHub({
+        "my-org/sql-lora": {
+            "adapter_config.json": config,
+            "adapter_model.safetensors": b"s" * 64,
+            "adapter_model.bin": b"b" * 64,
+            "README.md": b"# sql",
+            "images/loss.png": b"png" * 100,
+            "checkpoint-500/adapter_config.json": config,
+            "checkpoint-500/adapter_model.safetensors": b"c" * 64,
+            "checkpoint-500/optimizer.pt": b"o" * 256,
+            "tokenizer.json": b"{}",
+        },
+        "my-org/old-lora": {"adapter_config.json": config, "adapter_model.bin": b"b" * 64,
+                            "training_args.bin": b"t" * 64},
+    })  # fmt: skip
+    try:
+        snapshot = _hub_download(hub, "my-org/sql-lora", tmp_path / "hub")
+        assert snapshot == hub_snapshot(HubSource("my-org/sql-lora", COMMIT), tmp_path)
+        files = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if not p.is_dir())
+        assert files == ["adapter_config.json", "adapter_model.safetensors"]
+        assert sorted(hub.fetched) == files
+        hub.fetched.clear()
+        snapshot = _hub_download(hub, "my-org/old-lora", tmp_path / "hub")
+        files = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if not p.is_dir())
+        assert files == ["adapter_config.json", "adapter_model.bin"]  # no safetensors: the .bin
+        assert sorted(hub.fetched) == files
+    finally:
+        hub.server.shutdown()
 
 
 # --- /status, /metrics, the process ---------------------------------------------------------------

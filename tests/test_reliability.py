@@ -410,3 +410,55 @@ def test_a_deleted_deployment_leaves_no_series_behind() -> None:
     assert series("metrics-ns", "deleted") == [] and series("metrics-ns", "unseen") == []
     assert len(series("metrics-ns", "kept")) == 2
     queue.stop()
+
+
+class _SecretsCluster:
+    """What reconcile._generated_secrets asks of the cluster: its pods, and a create-only Secret write
+    (recorded, answered as the API server would: created unless the name exists)."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.existing: set[str] = set()
+        self.creates: list[str] = []
+        self._pods = pods
+
+    def pods(self, namespace: str, name: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+        return [p for p in self._pods if p["metadata"]["labels"].items() >= selector.items()]
+
+    def create_if_absent(self, obj: dict[str, Any]) -> bool:
+        name = obj["metadata"]["name"]
+        self.creates.append(name)
+        created = name not in self.existing
+        self.existing.add(name)
+        return created
+
+
+def test_a_generated_secret_deleted_while_the_operator_runs_is_created_again() -> None:
+    """Issue 39 item 16: the process's memory of what it created must not outlive the Secret."""
+    from qwen_operator import names, reconcile
+    from qwen_operator.api.review import review
+    from support import example
+
+    body = example("a100-80gb-tp2-bf16")
+    body["metadata"]["uid"] = "uid-16"
+    body["spec"]["gateway"].pop("apiKeysSecret", None)
+    rev = review(body)
+    qd = rev.resource
+    generated = {names.generated_engine_key(qd), names.generated_api_keys(qd)}
+    volumes = [{"name": n, "secret": {"secretName": n}} for n in generated]
+    gateway = {"spec": {"template": {"spec": {"volumes": volumes}}}}
+    live = {("apps/v1", "Deployment", names.gateway(qd)): gateway}
+    started = {"containerStatuses": [{"state": {"running": {"startedAt": "2026-12-07T00:00:00Z"}}}]}
+    waiting = {"containerStatuses": [{"state": {"waiting": {"reason": "ContainerCreating"}}}]}
+    pod = {"metadata": {"labels": names.selector(qd, "gateway"), "name": "g-0"}, "spec": {"nodeName": "n"}}
+
+    first = _SecretsCluster([])
+    reconcile._generated_secrets(first, rev, {})  # type: ignore[arg-type]
+    assert sorted(first.creates) == sorted(generated)
+    running = _SecretsCluster([{**pod, "status": started}])
+    running.existing = set(generated)
+    assert reconcile._generated_secrets(running, rev, live) == [] and running.creates == []  # type: ignore[arg-type]
+    # Both deleted by hand; a new gateway pod waits for its volumes (kubelet's FailedMount).
+    deleted = _SecretsCluster([{**pod, "status": waiting}])
+    said = reconcile._generated_secrets(deleted, rev, live)  # type: ignore[arg-type]
+    assert sorted(deleted.creates) == sorted(generated), deleted.creates
+    assert len(said) == 2, said

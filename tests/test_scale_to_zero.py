@@ -357,7 +357,7 @@ def test_the_traffic_trigger_sees_answers_that_created_their_counter(tmp_path: P
     labels = 'namespace="llm", qwendeployment="nightly", route="/v1/chat/completions", status="200"'
 
     def case(name: str, values: str, expected: dict[str, float]) -> dict[str, Any]:
-        series = [{"series": f'{counter}{{{labels}, pod="nightly-gateway-1"}}', "values": values}]
+        series = [{"series": f'{counter}{{{labels}, error="", pod="nightly-gateway-1"}}', "values": values}]
         tests = [
             {"expr": f"({query}) > bool 0", "eval_time": at, "exp_samples": [{"labels": "{}", "value": v}]}
             for at, v in expected.items()
@@ -375,8 +375,44 @@ def test_the_traffic_trigger_sees_answers_that_created_their_counter(tmp_path: P
         ],
     }
     _promtool_test(promtool, tmp_path, unit)
+    # Answers to requests refused before admission (no key, a model the key may not use, its rate
+    # limit, nginx's own 413) keep nothing up, however many; one admitted answer among them does.
+    refused = [
+        {
+            "series": f'{counter}{{{labels}, error="{error}", pod="nightly-gateway-0"}}',
+            "values": "0+4x40",
+        }
+        for error in ("unauthorized", "model_not_allowed", "rate_limited", "request_error")
+    ]
+    admitted = {
+        "series": f'{counter}{{{labels}, error="", pod="nightly-gateway-0"}}',
+        "values": "_x10 1x30",
+    }
+    test = {"expr": f"({query}) > bool 0", "eval_time": "4m", "exp_samples": [{"labels": "{}", "value": 0}]}
+    unit["tests"] = [
+        {"name": "refused only", "interval": "15s", "input_series": refused, "promql_expr_test": [test]},
+        {
+            "name": "one admitted",
+            "interval": "15s",
+            "input_series": [*refused, admitted],
+            "promql_expr_test": [{**test, "eval_time": "3m", "exp_samples": [{"labels": "{}", "value": 1}]}],
+        },
+    ]
+    _promtool_test(promtool, tmp_path, unit)
     # the old query, sum(rate(...)), misses the burst
     rate = query.split(" + ")[0].replace("increase", "rate")
     unit["tests"] = [case("rate misses it", "_x7 8x30", {"2m30s": 0})]
     unit["tests"][0]["promql_expr_test"][0]["expr"] = f"({rate}) > bool 0"
     _promtool_test(promtool, tmp_path, unit)
+
+
+def test_every_error_label_of_the_gateway_is_admitted_or_refused() -> None:
+    """The traffic trigger counts answers by nginx's $gateway_error (recording.ADMITTED_ERRORS): every
+    value the rendered map can write is classified, so a new error cannot silently wake the engines or
+    stop keeping them up."""
+    conf = config_files(to_zero())["nginx.conf"]
+    block = conf.split('map "$status:$upstream_status" $gateway_error {', 1)[1].split("}", 1)[0]
+    written = {line.split()[-1].rstrip(";") for line in block.strip().splitlines()}
+    written = {"" if value == '""' else value for value in written}
+    assert written == set(recording.ADMITTED_ERRORS) | set(recording.REFUSED_ERRORS)
+    assert not set(recording.ADMITTED_ERRORS) & set(recording.REFUSED_ERRORS)

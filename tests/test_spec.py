@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, get_args
 
 import pytest
@@ -720,3 +721,78 @@ def test_the_crd_checks_the_lora_rules_with_cel() -> None:
     spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     claim = {r["fieldPath"]: r for r in spec["x-kubernetes-validations"]}[".lora.adapters"]
     assert "has(a.source.path)" in claim["rule"] and "has(self.model.cache.claimName)" in claim["rule"]
+
+
+# --- names the gateway's nginx.conf and njs module carry -------------------------------------------------
+
+
+def _gateway_names(name: str) -> dict[str, Any]:
+    """The A100 example with `name` in every name field but the adapters' (DNS labels): the checkpoint's
+    (a declared one), the served name, a tier's and its spill-over, an alias's and its picks, and a
+    limited key's model."""
+    tier, served, alias = f"t{name}", f"v{name}", f"a{name}"
+    body = with_spec(
+        gateway={
+            "tiers": [{"name": tier, "deploymentRef": {"name": "small"}, "spillTo": served}],
+            "aliases": [{"name": alias, "rules": [{"model": tier}], "default": served}],
+            "modelAccess": [{"apiKeys": ["team-a"], "models": [alias]}],
+        }
+    )
+    body["spec"]["model"] = {
+        "name": f"n{name}",
+        "servedModelName": served,
+        "checkpoint": {"quantization": "bf16", "weightSize": "65G"},
+    }
+    return body
+
+
+_GATEWAY_NAME_FIELDS = [
+    "spec.model.name",
+    "spec.model.servedModelName",
+    "spec.gateway.modelAccess[0].models[0]",
+    "spec.gateway.tiers[0].name",
+    "spec.gateway.tiers[0].spillTo",
+    "spec.gateway.aliases[0].name",
+    "spec.gateway.aliases[0].rules[0].model",
+    "spec.gateway.aliases[0].default",
+]
+
+
+@pytest.mark.parametrize("char", ["$", "'", '"', "\\", "\n", "\t", "\x7f", "é"])
+def test_every_name_the_gateway_carries_refuses_what_nginx_cannot_quote(char: str) -> None:
+    found = dict(problems(_gateway_names(f"x{char}y")))
+    assert sorted(found) == sorted(_GATEWAY_NAME_FIELDS), found
+    assert all("cannot quote" in message for message in found.values()), found
+    adapters = {"adapters": [adapter(f"x{char}y")]}
+    assert [p for p, _ in problems(with_lora(adapters))] == ["spec.lora.adapters[0].name"]
+
+
+def test_a_served_name_with_a_dollar_is_refused_with_its_field_path() -> None:
+    body = with_spec()
+    body["spec"]["model"]["servedModelName"] = "chat$v2"
+    [(path, message)] = problems(body)
+    assert path == "spec.model.servedModelName"
+    assert message.startswith("'chat$v2' has a character") and "cannot quote" in message
+
+
+def test_the_crd_has_the_same_pattern_on_every_name_the_gateway_carries() -> None:
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    model, g = spec["model"]["properties"], spec["gateway"]["properties"]
+    alias = g["aliases"]["items"]["properties"]
+    schemas = [
+        model["name"],
+        model["servedModelName"],
+        g["modelAccess"]["items"]["properties"]["models"]["items"],
+        g["tiers"]["items"]["properties"]["name"],
+        g["tiers"]["items"]["properties"]["spillTo"],
+        alias["name"],
+        alias["rules"]["items"]["properties"]["model"],
+        alias["default"],
+    ]
+    assert [s.get("pattern") for s in schemas] == [api.MODEL_NAME_PATTERN] * len(schemas)
+
+
+def test_printable_ascii_but_the_four_is_a_name() -> None:
+    legal = "".join(c for c in map(chr, range(32, 127)) if c not in "$'\"\\")
+    parse(_gateway_names(legal))  # every field takes it
+    assert re.fullmatch(api.MODEL_NAME_PATTERN, legal)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from qwen_operator.adapters import AdapterState, LoraObservation
 from qwen_operator.api.crd import crd
 from qwen_operator.api.review import Review, review
 from qwen_operator.api.spec import SpecError
@@ -16,6 +18,7 @@ from qwen_operator.status import (
     CONDITION_TYPES,
     Event,
     Observed,
+    TierObservation,
     compute_status,
     events,
     merge_patch,
@@ -545,3 +548,103 @@ def test_waking_says_how_many_requests_the_gateway_holds_as_kedas_hpa_last_read_
     assert "3 request(s) wait" in cond(two, "ScaledToZero")["message"]
     served = compute_status(_at_zero(engine=deployment(1, 1), hpa=_keda_hpa("8")), waking, T1)
     assert "request(s) wait" not in cond(served, "ScaledToZero")["message"]
+
+
+# --- strings from outside the operator are bounded in the status ----------------------------------
+
+#: A message far larger than any status should carry (a sidecar's, an engine's, an API server's...).
+HUGE = "x" * 100_000
+#: What the status keeps of any one text (status.TEXT_LIMIT; spelled out so that the test fails,
+#: rather than not importing, where the bound is missing).
+BOUND = 1024
+
+
+def _strings(value: Any, path: str = "status") -> Iterator[tuple[str, str]]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _strings(item, f"{path}[{i}]")
+    elif isinstance(value, str):
+        yield path, value
+
+
+def _huge_observations() -> dict[str, Observed]:
+    """Every place a text from outside enters the status, each fed 100 kB."""
+    pending = {
+        "metadata": {"name": "chat-engine-x"},
+        "status": {
+            "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": HUGE}
+            ],
+            "containerStatuses": [
+                {
+                    "state": {
+                        "waiting": {
+                            "reason": "CreateContainerConfigError",
+                            "message": f'secret "{HUGE}" not found',
+                        }
+                    }
+                }
+            ],
+        },
+    }
+    stuck = deployment(2, 1, updated=1)
+    stuck["status"]["conditions"] = [
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": HUGE}
+    ]
+    failing_hpa = {
+        "status": {
+            "conditions": [{"type": "ScalingActive", "status": "False", "reason": HUGE, "message": HUGE}]
+        }
+    }
+    down = {"status": {"conditions": [{"type": "Available", "status": "False", "message": HUGE}]}}
+    lora_body = example("a100-80gb-tp2-bf16")
+    lora_body["spec"]["lora"] = {"adapters": [{"name": "sql", "source": {"huggingFace": {
+        "repo": "org/sql", "revision": "0123456789abcdef0123456789abcdef01234567"}}}]}  # fmt: skip
+    lora = LoraObservation(
+        pods=3,
+        adapters={"sql": AdapterState(errors=[f"pod-{i}: {HUGE}" for i in range(3)])},
+        silent=[f"pod-3: {HUGE}"],
+        unloading={HUGE: 1},
+    )
+    tiers_body = example("a100-80gb-tp2-bf16")
+    tiers_body["spec"].setdefault("gateway", {})["tiers"] = [
+        {"name": "small", "deploymentRef": {"name": "s"}}
+    ]
+    tier = TierObservation("small", "s", {"spec": {"model": {"name": "m", "servedModelName": HUGE}}})
+    return {
+        "pods and rollout": serving(
+            engine=stuck,
+            pods=[pending],
+            mount_events=[{"message": f'persistentvolumeclaim "{HUGE}" not found'}],
+        ),
+        "reconcile failure": serving(failure=("ServerError", HUGE)),
+        "autoscaler": serving(review=reviewed("h100-80gb-tp2-fp8-128k"), hpa=failing_hpa),
+        "metrics API": serving(
+            review=reviewed("h100-80gb-tp2-fp8-128k"), metrics_api=down, metrics_api_read=True
+        ),
+        "lora sidecars": serving(review=review(lora_body), lora=lora),
+        "tiers": serving(review=review(tiers_body), tiers=[tier]),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_huge_observations()))
+def test_every_string_from_outside_is_bounded_in_the_status_and_events(case: str) -> None:
+    status = compute_status(_huge_observations()[case], None, T0)
+    texts = dict(_strings(status))
+    long = {path: len(text) for path, text in texts.items() if len(text) > BOUND}
+    assert not long, f"unbounded strings: {long}"
+    assert any(text.endswith("…") for text in texts.values()), "something was cut, with an ellipsis"
+    for event in events(None, status):
+        assert len(event.message) <= BOUND and len(event.reason) <= BOUND
+
+
+def test_bounded_cuts_with_an_ellipsis() -> None:
+    from qwen_operator.status import TEXT_LIMIT, bounded
+
+    assert TEXT_LIMIT == BOUND
+    assert bounded("abc", 3) == "abc"
+    assert bounded("abcd", 3) == "ab\u2026"
+    assert len(bounded(HUGE)) == TEXT_LIMIT and bounded(HUGE).endswith("\u2026")

@@ -459,3 +459,39 @@ def test_each_tier_server_sends_its_tiers_engine_key(tmp_path: Path) -> None:
     write_secret_volume(Path(wiring.tier_engine_key_file(0)).parent, {"token": "small-engine-4567"})
     assert subprocess.run(script, capture_output=True).returncode == 0
     assert "small-engine-4567" in (state / "engine-auth-t0.conf").read_text()
+
+
+def test_a_tier_that_scales_to_zero_is_not_ready_behind_another_gateway() -> None:
+    """Issue 39 item 7: KEDA keeps a tier up on its own gateway's traffic and wakes it on its own
+    gateway's held requests; through this gateway its requests are neither, so it would go to zero
+    mid-traffic and stay there. Not fixed (docs/security.md says why): the status says so while it
+    still serves."""
+    body = _tier_body("qwen3-4b", 2)
+    body["spec"]["autoscaling"] = {"minReplicas": 0, "maxReplicas": 2, "driver": "keda"}
+    rev = _review(tiers=[TIERS[0]], aliases=[])
+    status = compute_status(_observed(rev, [TierObservation("qwen3-4b", "small", body)]), None, T0)
+    tiers_ready = _cond(status, "TiersReady")
+    assert (tiers_ready["status"], tiers_ready["reason"]) == ("False", "TierScalesToZero")
+    assert "minReplicas 1" in tiers_ready["message"]
+    assert status["tiers"][0]["readyReplicas"] == 2
+
+
+def test_the_tier_routers_are_scraped_with_their_tier_as_a_label() -> None:
+    """Each tier's vllm-router has a metrics port of its own in the gateway pod; the PodMonitor scrapes
+    it with `tier` set to the tier's model name, so its series never add to the base router's."""
+    body = _body(tiers=TIERS, aliases=[AUTO])
+    body["spec"]["monitoring"] = {"serviceMonitor": True}
+    children = build_children(review(body), ClusterFacts()).objects
+    monitor = next(o for o in children if o["kind"] == "PodMonitor")
+    endpoints = {e["port"]: e["relabelings"] for e in monitor["spec"]["podMetricsEndpoints"]}
+    gateway_pod = next(
+        o for o in children if o["kind"] == "Deployment" and o["metadata"]["name"] == "chat-gateway"
+    )
+    declared = {
+        p["name"] for c in gateway_pod["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])
+    }
+    for i, tier in enumerate(TIERS):
+        port = f"tier{i}-metrics"
+        assert port in declared and port in endpoints, (declared, list(endpoints))
+        assert {"action": "replace", "targetLabel": "tier", "replacement": tier["name"]} in endpoints[port]
+    assert not any(r.get("targetLabel") == "tier" for r in endpoints["router-metrics"])

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import urllib3
+from kubernetes.client.rest import ApiException
 
 from qwen_operator.k8s import Caches, Cluster, _slim_node, _slim_pod, _without_managed_fields
 from qwen_operator.kinds import optional
@@ -239,3 +240,52 @@ def test_the_crd_of_an_absent_kind_arriving_as_modified_starts_its_informer(
     assert (informer.path, informer.query) == (absent.path, absent.query) and not informer.absent
     caches._crd_event("MODIFIED", {"metadata": {"name": kind.crd}})  # cached already: left alone
     assert started == [informer]
+
+
+def test_an_optional_crd_deleted_while_watched_empties_its_cache_and_ends_the_watch() -> None:
+    """Issue 39 item 15: KEDA's CRDs deleted under a running operator. Before: its informer retried the
+    404 forever, silent, and /healthz failed after WATCH_STALL_SECONDS (a restart for nothing)."""
+    path = "/apis/keda.sh/v1alpha1/scaledobjects"
+    listed = {
+        "kind": "ScaledObjectList",
+        "apiVersion": "keda.sh/v1alpha1",
+        "metadata": {"resourceVersion": "5"},
+    }
+    listed["items"] = [obj("chat-engine", 4)]
+    api = ScriptedApi(Answer(body=listed), Answer(status=404), Answer(status=404))
+    seen: list[tuple[str, str]] = []
+    informer = Informer(api, path, Store(), on_event=lambda t, o: seen.append((t, o["metadata"]["name"])))  # type: ignore[arg-type]
+    informer.contact.heard()
+    informer._run()  # the LIST, then the WATCH's 404: returns instead of retrying
+    assert informer.absent and len(informer.store) == 0
+    assert seen == [("DELETED", "chat-engine")]
+    assert not informer.stalled(time.monotonic() + 10**6, 600)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        urllib3.exceptions.MaxRetryError(
+            None, "/api/v1/nodes", urllib3.exceptions.NewConnectionError(None, "refused")
+        ),  # type: ignore[arg-type]
+        urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError()),
+        ApiException(status=503, reason="Service Unavailable"),
+        ApiException(status=429, reason="Too Many Requests"),
+    ],
+    ids=["refused", "reset", "503", "429"],
+)
+def test_a_watch_whose_api_server_is_down_is_not_stuck(failure: Exception) -> None:
+    """An outage longer than the stall bound: every request fails for want of an API server. A restart
+    cannot help, so /healthz stays ok (before: it failed, and the kubelet's restarts became
+    CrashLoopBackOff); the first answer afterwards ends the outage."""
+    informer = Informer(ScriptedApi(), "/api/v1/nodes", Store(), name="nodes")  # type: ignore[arg-type]
+    silent_since_long(informer)
+    assert informer._failed(failure, 1.0) is False  # retried
+    assert not informer.stalled(time.monotonic(), 600)
+    informer.contact.heard()
+    informer.contact.last = time.monotonic() - 700
+    assert informer.stalled(time.monotonic(), 600), "an answer ended the outage"
+    # A read that timed out on an accepted watch is a stall, not an outage.
+    timed_out = urllib3.exceptions.MaxRetryError(None, "/api/v1/nodes", READ_TIMEOUT)  # type: ignore[arg-type]
+    assert informer._failed(timed_out, 1.0) is False and informer.stalled(time.monotonic(), 600)
+    assert informer._failed(READ_TIMEOUT, 1.0) is False and informer.stalled(time.monotonic(), 600)

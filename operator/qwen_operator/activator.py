@@ -6,6 +6,14 @@ proxied again, body and all, to this process on loopback (nginx.conf's @overload
 
 - at most `max_held` requests at once in this pod (beyond: a JSON 503 with Retry-After at once), each at
   most `hold_seconds` (then a JSON 503 with Retry-After);
+- shared out by API key (nginx's key id in KEY_HEADER; the client address with auth none): alone, a key
+  may take every place; once they are all taken, a request of a key that holds at least two fewer than
+  the key holding the most takes the place of that key's newest request (answered a JSON 503 with
+  Retry-After, or an error event). So no key keeps another out: the places even out between the keys;
+- bodies in memory at most `held_bytes_budget`, counted before they are kept: a Content-Length over what
+  is left of it is refused at once (a JSON 503 with Retry-After), its body unread; a body without one is
+  counted as it arrives and refused once over; at most READS_AT_ONCE bodies are read at once. Beyond the
+  counted bytes, aiohttp reads ahead a little per connection (READ_CHUNK);
 - a `"stream": true` request is answered 200 `text/event-stream` at once and gets an SSE comment line
   every `keepalive_seconds`, so that proxies and clients see bytes; at the bound it gets an OpenAI-style
   error event (`data: {"error": ...}`) and the stream closes;
@@ -22,13 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 import contextlib
 import itertools
 import json
 import logging
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -46,19 +55,26 @@ log = logging.getLogger("qwen.activator")
 
 #: A cold start of a 32B engine takes minutes: buckets up to an hour.
 WAIT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 180, 240, 300, 450, 600, 900, 1200, 1800, 3600)
-#: Above nginx's client_max_body_size (16 MiB): nginx refuses larger bodies before they get here.
-MAX_BODY_BYTES = 32 * 2**20
 #: Bodies held in memory at once, at most: half the container's memory limit (manifests/gateway.py), so
 #: that a few huge prompts cannot get the sidecar, and every request it holds, killed. A typical chat
-#: body is kilobytes; a 128K-token prompt about 0.5 MB.
+#: body is kilobytes; a 128K-token prompt about 0.5 MB; nginx refuses bodies over 16 MiB.
 HELD_BYTES_BUDGET = 128 * 2**20
+#: Bodies being read at once.
+READS_AT_ONCE = 4
+#: The most read from a body in a step, and aiohttp's read-ahead per connection (twice this, and one
+#: socket read of up to 256 KiB): what is in memory beyond the counted bytes.
+READ_CHUNK = 2**14
 KEEPALIVE_COMMENT = b": waiting for an engine\n\n"
-#: Headers not passed between the connections (RFC 9110 hop-by-hop, and lengths aiohttp sets itself).
-HOP_BY_HOP = frozenset(
+#: The API key's id (nginx's $key_id; the client address with auth none), set by nginx on the requests
+#: it sends here, never passed on to the router.
+KEY_HEADER = "X-Qwen-Hold-Key-Id"
+#: Headers not passed between the connections (RFC 9110 hop-by-hop, lengths aiohttp sets itself, and
+#: nginx's key id, for this process only).
+NOT_PASSED = frozenset(
     h.lower()
     for h in (
         "Connection", "Keep-Alive", "Proxy-Connection", "TE", "Trailer", "Transfer-Encoding", "Upgrade",
-        "Host", "Content-Length",
+        "Host", "Content-Length", KEY_HEADER,
     )
 )  # fmt: skip
 
@@ -75,13 +91,14 @@ class Settings:
     port: int = 8092
     metrics_host: str = "0.0.0.0"
     metrics_port: int = 9114
+    held_bytes_budget: int = HELD_BYTES_BUDGET  # smaller in tests
 
 
 def error_body(code: str, message: str) -> dict[str, object]:
     return {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
 
 
-def wants_stream(body: bytes) -> bool:
+def wants_stream(body: bytes | bytearray) -> bool:
     """The request asks for server-sent events (`"stream": true` at the top of its JSON body)."""
     try:
         parsed = json.loads(body)
@@ -91,7 +108,7 @@ def wants_stream(body: bytes) -> bool:
 
 
 def forwarded_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
-    return {k: v for k, v in headers if k.lower() not in HOP_BY_HOP}
+    return {k: v for k, v in headers if k.lower() not in NOT_PASSED}
 
 
 class Metrics:
@@ -105,7 +122,7 @@ class Metrics:
         self.wait = Histogram(
             "qwen_gateway_hold_wait_seconds",
             "How long held requests waited, by outcome (forwarded to an engine, timeout at the bound, "
-            "cancelled by the client).",
+            "cancelled by the client, evicted for another API key's request).",
             ["outcome"],
             buckets=WAIT_BUCKETS,
             registry=r,
@@ -125,8 +142,10 @@ class Waiter:
     seq: int
     since: float = field(compare=False)
     request_id: str = field(compare=False)
+    key: str = field(compare=False)
     released: asyncio.Event = field(compare=False, default_factory=asyncio.Event)
     forwarded: bool = field(compare=False, default=False)
+    evicted: bool = field(compare=False, default=False)  # its place given to another key's request
 
 
 class Activator:
@@ -138,7 +157,8 @@ class Activator:
         self.metrics = Metrics()
         self.waiting: list[Waiter] = []  # sorted by arrival
         self.active = 0  # requests in this process: held, or being forwarded
-        self.held_bytes = 0  # their bodies
+        self.held_bytes = 0  # their bodies, counted before they are kept
+        self._reads = asyncio.Semaphore(READS_AT_ONCE)
         self._seq = itertools.count()
         self._someone_waits = asyncio.Event()
 
@@ -187,6 +207,22 @@ class Activator:
             self.waiting.remove(waiter)
             self._changed()
 
+    def _admit(self, waiter: Waiter) -> bool:
+        """Into the queue, if a place is free or its key holds at least two fewer than the key holding the
+        most, whose newest request then gives up its place."""
+        if len(self.waiting) >= self.s.max_held:
+            held = collections.Counter(w.key for w in self.waiting)
+            busiest, most = held.most_common(1)[0]
+            if most <= held[waiter.key] + 1:
+                return False
+            newest = next(w for w in reversed(self.waiting) if w.key == busiest)
+            log.info("evicting %s (seq %d) for %s", newest.request_id, newest.seq, waiter.request_id)
+            newest.evicted = True
+            self._dequeue(newest)
+            newest.released.set()
+        self._enqueue(waiter)
+        return True
+
     # --- requests ---------------------------------------------------------------------------------
 
     def _error(self, code: str, message: str) -> web.Response:
@@ -194,32 +230,53 @@ class Activator:
             error_body(code, message), status=503, headers={"Retry-After": str(self.s.retry_after_seconds)}
         )
 
+    def _memory_full(self) -> web.Response:
+        self.metrics.rejected.inc()
+        return self._error(
+            "overloaded",
+            "The requests waiting in this gateway pod for an engine to start fill its memory; retry later.",
+        )
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        """The body read within the budget (a declared length counted before any of it is read, another
+        body as it arrives), then held."""
+        counted = 0  # this request's part of held_bytes
         self.active += 1
-        body = await request.read()
-        self.held_bytes += len(body)
         try:
+            declared = request.content_length
+            if declared is not None:
+                if declared > self.s.held_bytes_budget - self.held_bytes:
+                    return self._memory_full()
+                counted = declared
+                self.held_bytes += counted
+            body = bytearray(counted)  # filled in place: no copy of the whole body while it grows
+            size = 0
+            async with self._reads:
+                async for chunk in request.content.iter_chunked(READ_CHUNK):
+                    end = size + len(chunk)
+                    if end > counted:
+                        if end - counted > self.s.held_bytes_budget - self.held_bytes:
+                            return self._memory_full()
+                        self.held_bytes += end - counted
+                        counted = end
+                    body[size:end] = chunk
+                    size = end
+            del body[size:]
             return await self._handle(request, body)
         finally:
             self.active -= 1
-            self.held_bytes -= len(body)
+            self.held_bytes -= counted
 
-    async def _handle(self, request: web.Request, body: bytes) -> web.StreamResponse:
-        if self.held_bytes > HELD_BYTES_BUDGET:
-            self.metrics.rejected.inc()
-            return self._error(
-                "overloaded",
-                "The requests waiting in this gateway pod for an engine to start fill its memory; "
-                "retry later.",
-            )
-        if len(self.waiting) >= self.s.max_held:
+    async def _handle(self, request: web.Request, body: bytearray) -> web.StreamResponse:
+        request_id = request.headers.get("X-Request-Id", "-")
+        waiter = Waiter(next(self._seq), time.monotonic(), request_id, request.headers.get(KEY_HEADER, ""))
+        if not self._admit(waiter):
             self.metrics.rejected.inc()
             return self._error(
                 "overloaded",
                 f"{self.s.max_held} requests already wait in this gateway pod for an engine to start; "
                 "retry later.",
             )
-        waiter = Waiter(next(self._seq), time.monotonic(), request.headers.get("X-Request-Id", "-"))
         self.metrics.holds.inc()
         log.info("holding %s (seq %d, %d held)", waiter.request_id, waiter.seq, len(self.waiting) + 1)
         stream: web.StreamResponse | None = None
@@ -240,13 +297,17 @@ class Activator:
             answer = await self._hold_and_forward(request, body, waiter, stream)
             if answer is not None:
                 return answer
-            outcome = "timeout"
-            self.metrics.timeouts.inc()
-            message = f"No engine became ready within {self.s.hold_seconds:g} s; retry later."
-            log.info("timeout %s after %.1f s", waiter.request_id, self._age(waiter))
+            if waiter.evicted:
+                outcome, code = "evicted", "overloaded"
+                message = "Requests of other API keys need this gateway pod's places; retry later."
+            else:
+                outcome, code = "timeout", "no_engine_available"
+                self.metrics.timeouts.inc()
+                message = f"No engine became ready within {self.s.hold_seconds:g} s; retry later."
+                log.info("timeout %s after %.1f s", waiter.request_id, self._age(waiter))
             if stream is None:
-                return self._error("no_engine_available", message)
-            event = json.dumps(error_body("no_engine_available", message))
+                return self._error(code, message)
+            event = json.dumps(error_body(code, message))
             await stream.write(f"data: {event}\n\ndata: [DONE]\n\n".encode())
             await stream.write_eof()
             return stream
@@ -258,11 +319,10 @@ class Activator:
                 self.metrics.wait.labels(outcome).observe(self._age(waiter))
 
     async def _hold_and_forward(
-        self, request: web.Request, body: bytes, waiter: Waiter, stream: web.StreamResponse | None
+        self, request: web.Request, body: bytearray, waiter: Waiter, stream: web.StreamResponse | None
     ) -> web.StreamResponse | None:
-        """Wait for a release, then forward; None at the bound."""
+        """Wait for a release (the waiter is queued), then forward; None at the bound or once evicted."""
         deadline = waiter.since + self.s.hold_seconds
-        self._enqueue(waiter)
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -274,13 +334,15 @@ class Activator:
                 if stream is not None:
                     await stream.write(KEEPALIVE_COMMENT)
                 continue
+            if waiter.evicted:
+                return None
             answer = await self._forward(request, body, waiter, stream)
             if answer is not None:
                 return answer
             self._enqueue(waiter)  # the engine left again: back in its place
 
     async def _forward(
-        self, request: web.Request, body: bytes, waiter: Waiter, stream: web.StreamResponse | None
+        self, request: web.Request, body: bytearray, waiter: Waiter, stream: web.StreamResponse | None
     ) -> web.StreamResponse | None:
         """The request to the router; its answer relayed, or None for the router's own 503 (no engine)."""
         url = f"{self.s.router_url}{request.path_qs}"
@@ -341,8 +403,10 @@ async def healthz(_: web.Request) -> web.Response:
     return web.Response(text="ok\n")
 
 
-async def serve(settings: Settings, stop: asyncio.Event) -> None:
-    """Both listeners until `stop` is set."""
+async def serve(
+    settings: Settings, stop: asyncio.Event, started: Callable[[Activator], None] | None = None
+) -> None:
+    """Both listeners until `stop` is set; `started` (tests) is called once they listen."""
     timeout = aiohttp.ClientTimeout(total=None, connect=5)
     # Never a proxy from the environment: the router is on loopback.
     # No cap on connections to the router (aiohttp's default is 100): every released request is forwarded
@@ -350,14 +414,14 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
         activator = Activator(settings, session)
-        held = web.Application(client_max_size=MAX_BODY_BYTES)
+        held = web.Application()  # bodies are read by `handle`, within the budget
         held.router.add_route("*", "/{path:.*}", activator.handle)
         metrics = web.Application()
         metrics.router.add_get("/metrics", activator.prometheus)
         metrics.router.add_get("/scale", activator.scale)
         metrics.router.add_get("/healthz", healthz)
         runners = [
-            web.AppRunner(held, handler_cancellation=True, access_log=None),
+            web.AppRunner(held, handler_cancellation=True, access_log=None, read_bufsize=READ_CHUNK),
             web.AppRunner(metrics, access_log=None),
         ]
         poller = asyncio.create_task(activator.poll())
@@ -376,6 +440,8 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
                 settings.hold_seconds,
                 settings.router_url,
             )
+            if started is not None:
+                started(activator)
             await stop.wait()
             # SIGTERM reaches every container of the pod at once; nginx drains its requests, so the held
             # and forwarded ones here are finished too (the pod's grace period bounds it).

@@ -308,7 +308,7 @@ def _add_lora_sync(sub: Any) -> None:
         "--port",
         type=int,
         default=SIDECAR_PORT,
-        help="port of /status, /metrics, /healthz (default: %(default)s)",
+        help="port of /status, /ready, /metrics, /healthz (default: %(default)s)",
     )
     sync.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     sync.set_defaults(func=cmd_lora_sync)

@@ -412,33 +412,40 @@ class Cluster:
         log.info("applied %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
         return True
 
-    def hand_over_replicas(self, live: dict[str, Any]) -> bool:
+    def hand_over_replicas(self, live: dict[str, Any], lift_to: int | None = None) -> bool:
         """Step one of the documented hand-off of a Deployment's spec.replicas to an autoscaler: a
         second field manager applies the field at its live value (the operator's apply then leaves it
         out, and the field stays, owned by the second manager until the HPA writes it). Without force:
         a conflict means another manager (the HPA) owns it already, at another value, which is the goal.
-        Returns whether it wrote."""
+
+        `lift_to`: the field at that value instead, forced (manifests.engine.replicas_floor: an HPA whose
+        target is at 0 never writes it, so no manager can be overruled that would move it). Returns
+        whether it wrote."""
         meta = live["metadata"]
+        replicas = live["spec"]["replicas"] if lift_to is None else lift_to
         body = {
             "apiVersion": live.get("apiVersion", "apps/v1"),
             "kind": live.get("kind", "Deployment"),
             "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-            "spec": {"replicas": live["spec"]["replicas"]},
+            "spec": {"replicas": replicas},
         }
+        query = [("fieldManager", HANDOVER_FIELD_MANAGER)]
+        if lift_to is not None:
+            query.append(("force", "true"))
         try:
             self._call(
                 "PATCH",
                 _object_path(body),
                 body=body,
                 content_type="application/apply-patch+yaml",
-                query=[("fieldManager", HANDOVER_FIELD_MANAGER)],
+                query=query,
             )
         except ApiException as exc:
             if exc.status != 409:
                 raise
             log.info("Deployment %s/%s: replicas already owned by another manager", *_ns_name(meta))
             return False
-        log.info("Deployment %s/%s: replicas %s handed over", *_ns_name(meta), body["spec"]["replicas"])
+        log.info("Deployment %s/%s: replicas %s handed over", *_ns_name(meta), replicas)
         return True
 
     def create_if_absent(self, obj: dict[str, Any]) -> bool:

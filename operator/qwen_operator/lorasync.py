@@ -5,6 +5,11 @@ that adding or removing an adapter never restarts the engine.
 The operator may not read the Secret with the engines' API key, so it never calls the engines: this loop
 runs beside each one with the key in its environment, and reports what the engine itself lists on
 /status (the operator reads it from each pod to count where each adapter is loaded) and /metrics.
+
+/ready is the sidecar's readiness probe, so that the pod (whose readiness is every container's) is
+routed to only once it holds its adapters: 503 until a round has reached the engine and each adapter
+wanted then is loaded or has failed once (a broken adapter must not keep the base model from serving),
+200 from then on, whatever is added later (the pod keeps serving while a new adapter loads).
 """
 
 from __future__ import annotations
@@ -134,20 +139,38 @@ class Engine:
         return None if answer.status_code in (200, 404) else error_message(answer.status_code, answer.text)
 
 
+#: The adapter's weights files in the order vLLM 0.32 looks for them (lora/lora_model.py,
+#: from_local_checkpoint): it reads the first one present, and adapter_config.json (lora/peft_helper.py).
+WEIGHTS_FILES = ("adapter_model.safetensors", "adapter_model.bin", "adapter_model.pt")
+CONFIG_FILE = "adapter_config.json"
+
+
 def complete_snapshot(snapshot: Path) -> bool:
     """Whether a Hub snapshot holds a loadable adapter. huggingface_hub links a file into the snapshot
     only once it is whole, so a present file is complete; an interrupted download lacks some."""
-    return (snapshot / "adapter_config.json").is_file() and any(
-        (snapshot / f"adapter_model.{ext}").is_file() for ext in ("safetensors", "bin", "pt")
-    )
+    return (snapshot / CONFIG_FILE).is_file() and any((snapshot / f).is_file() for f in WEIGHTS_FILES)
 
 
 def hub_download(hub: HubSource, cache_dir: Path) -> Path:
-    """Download a commit of a Hugging Face repository into cache_dir (or find it there); HF_TOKEN in the
-    environment is used for private repositories."""
+    """Download into cache_dir (or find there) what vLLM loads of an adapter at a commit of a Hugging Face
+    repository: adapter_config.json and the first weights file of WEIGHTS_FILES the repository has. Its
+    other files (checkpoints, optimizer states, images, the weights in a second format) would fill the
+    model cache, an emptyDir sized for the model, and get the pod evicted; vLLM 0.32 reads no tokenizer
+    of an adapter (the base model's serves). HF_TOKEN in the environment is used for private ones."""
     from huggingface_hub import snapshot_download  # only Hub sources need it, and it is slow to import
 
-    return Path(snapshot_download(repo_id=hub.repo, revision=hub.revision, cache_dir=cache_dir))
+    for weights in WEIGHTS_FILES:  # huggingface_hub caches the commit's listing: one Hub listing in all
+        snapshot = Path(
+            snapshot_download(
+                repo_id=hub.repo,
+                revision=hub.revision,
+                cache_dir=cache_dir,
+                allow_patterns=[CONFIG_FILE, weights],
+            )
+        )
+        if (snapshot / weights).is_file():
+            break
+    return snapshot  # without any weights file the engine refuses the load, and says why
 
 
 # --- the loop -------------------------------------------------------------------------------------
@@ -171,6 +194,16 @@ class AdapterReport:
 
 
 @dataclass(frozen=True)
+class Readiness:
+    """Whether the pod may be routed to (/ready), and while not, what it waits for."""
+
+    ready: bool = False
+    #: Adapters of the first round neither loaded nor failed yet (downloading, or not tried yet).
+    waiting_for: tuple[str, ...] = ()
+    reason: str = "no sync round yet"
+
+
+@dataclass(frozen=True)
 class Report:
     """One round's outcome, replaced whole after each round (the HTTP thread reads it without a lock)."""
 
@@ -179,6 +212,7 @@ class Report:
     last_sync: float | None  # unix time of the last round that reached the engine
     file_error: str | None = None
     engine_error: str | None = None
+    readiness: Readiness = Readiness()
 
     def status(self) -> dict[str, Any]:
         return {
@@ -187,7 +221,14 @@ class Report:
             "lastSync": self.last_sync,
             "fileError": self.file_error,
             "engineError": self.engine_error,
+            "ready": self.readiness.ready,
         }
+
+    def ready_answer(self) -> dict[str, Any]:
+        """/ready's body (its code: 200 when ready, else 503)."""
+        r = self.readiness
+        failing = sorted(n for n, a in self.adapters.items() if a.error and not a.loaded)
+        return {"ready": r.ready, "reason": r.reason, "waitingFor": list(r.waiting_for), "failing": failing}
 
 
 Download = Callable[[HubSource, Path], Path]
@@ -218,6 +259,7 @@ class Syncer:
         self.downloaded: set[HubSource] = set()
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hub-download")
         self.report = Report({}, engine_reachable=False, last_sync=None)
+        self.readiness = Readiness()
 
     def sync_once(self) -> Report:
         file_error = self._read_desired()
@@ -228,15 +270,39 @@ class Syncer:
         except requests.RequestException as error:
             if self.report.engine_reachable:
                 log.warning("engine %s unreachable: %s", self.engine.url, error)
+            if not self.readiness.ready:
+                self.readiness = Readiness(reason=f"the engine does not answer yet: {error}")
             self.report = Report(
-                self._reports({}), False, self.report.last_sync, file_error, engine_error=str(error)
+                self._reports({}), False, self.report.last_sync, file_error, str(error), self.readiness
             )
             return self.report
         if not self.report.engine_reachable:
             log.info("engine %s reachable, %d adapters loaded", self.engine.url, len(loaded))
         self._forget(loaded)
-        self.report = Report(self._reports(loaded), True, time.time(), file_error)
+        if not self.readiness.ready:
+            self.readiness = self._readiness(loaded, file_error)
+        self.report = Report(self._reports(loaded), True, time.time(), file_error, None, self.readiness)
         return self.report
+
+    def _readiness(self, loaded: Mapping[str, str], file_error: str | None) -> Readiness:
+        """Before the pod is first ready: ready once every wanted adapter is loaded from its path, or has
+        failed at least once (it is retried with backoff, and the pod serves the base model and the other
+        adapters meanwhile). Once ready it stays so: what is added later loads on a serving pod."""
+        if self.desired is None:
+            return Readiness(reason=f"no usable desired file yet: {file_error}")
+        waiting = tuple(a.name for a in self.desired if not self._settled(a, loaded))
+        if waiting:
+            return Readiness(False, waiting, "loading " + ", ".join(waiting))
+        log.info("ready: %d of %d adapters loaded", len(set(loaded) & {a.name for a in self.desired}),
+                 len(self.desired))  # fmt: skip
+        return Readiness(True, (), "the first round's adapters are loaded or failed")
+
+    def _settled(self, adapter: Adapter, loaded: Mapping[str, str]) -> bool:
+        """Loaded from the path wanted, or failed at least once to load (or download) from it."""
+        path = adapter_path(adapter, self.model_cache)
+        attempt = self.attempts.get(adapter.name)
+        failed = attempt is not None and attempt.want == path and attempt.failures > 0
+        return loaded.get(adapter.name) == path or failed
 
     def _read_desired(self) -> str | None:
         """Read the file; on failure keep the last good list (the kubelet swaps the file through a
@@ -377,7 +443,8 @@ class ReportCollector(Collector):
 
 
 def serve(host: str, port: int, report: Callable[[], Report]) -> ThreadingHTTPServer:
-    """/metrics, /status and /healthz on a background thread; returns the server (shutdown() stops it)."""
+    """/metrics, /status, /ready and /healthz on a background thread; returns the server (shutdown() stops
+    it)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ReportCollector(report))
 
@@ -388,6 +455,9 @@ def serve(host: str, port: int, report: Callable[[], Report]) -> ThreadingHTTPSe
                 self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
             elif path == "/status":
                 self._send(200, json.dumps(report().status()).encode(), "application/json")
+            elif path == "/ready":
+                answer = report().ready_answer()
+                self._send(200 if answer["ready"] else 503, json.dumps(answer).encode(), "application/json")
             elif path == "/healthz":
                 self._send(200, b"ok\n", "text/plain")
             else:

@@ -24,7 +24,7 @@ from .api.rollout import Rollout
 from .api.spec import SpecError
 from .k8s import ApiException, Cluster
 from .manifests import ClusterFacts, build_children, node_pool, scaling, upgrade
-from .manifests.engine import hands_replicas_over
+from .manifests.engine import hands_replicas_over, replicas_floor
 from .manifests.gateway import (
     ACTIVATOR,
     GENERATED_KEY_ID,
@@ -154,12 +154,20 @@ def _reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
     _hold_engine_template(obs, children.objects, live, body)
     writes = _announce_in_place(cluster, body, children.objects, live, children.rollout)
     writes += _generated_secrets(cluster, rev, live)
+    # An autoscaler the spec no longer wants goes before its successor is applied: two never scale the
+    # engines at once, and KEDA's admission webhook refuses a ScaledObject whose target an HPA scales.
+    writes += _prune(cluster, children.objects, live, meta["uid"], kinds=AUTOSCALER_KINDS)
     for obj in children.objects:
         current = live.get(_key(obj))
         if hands_replicas_over(obj, current):
             assert current is not None
             if cluster.hand_over_replicas(current):
                 writes.append(f"handed {obj['kind']} {obj['metadata']['name']} replicas to the autoscaler")
+        floor = replicas_floor(rev, obj, current)
+        if floor is not None:
+            assert current is not None
+            if cluster.hand_over_replicas(current, lift_to=floor):
+                writes.append(f"lifted {obj['kind']} {obj['metadata']['name']} from 0 to {floor} replicas")
         if cluster.apply(obj, current):
             writes.append(f"applied {obj['kind']} {obj['metadata']['name']}")
     writes += _prune(cluster, children.objects, live, meta["uid"])
@@ -203,6 +211,7 @@ def _hold_engine_template(
             objects[i] = held.deployment
             if held.changes:
                 obs.engine_update = upgrade.describe(held.changes, meta.get("generation"))
+                obs.held_security = held.security
 
 
 def _announce_in_place(
@@ -281,7 +290,9 @@ def _generated_secrets(
     The operator may not read Secrets, so whether one exists is learned from the children: once the
     gateway Deployment mounts it, it was created before that Deployment was written (here, earlier),
     and it is created again only while a pod of the deployment waits to start (a deleted Secret keeps
-    pods waiting; AlreadyExists otherwise). So a restarted operator's first resync writes nothing.
+    pods waiting; AlreadyExists otherwise). So a restarted operator's first resync writes nothing. What
+    this process created or found is not asked again unless a pod waits: a Secret deleted since then is
+    created again as soon as a pod waits for it, not after the operator's next restart.
     """
     qd = rev.resource
     gateway = live.get(("apps/v1", "Deployment", names.gateway(qd)))
@@ -298,6 +309,9 @@ def _generated_secrets(
         ]
         if _waiting_to_start(_running(pods)):
             mounted = set()
+            uid = str(qd.metadata.uid)
+            for known in [k for k in _created if k[0] == ns and k[2] == uid]:
+                _created.discard(known)
     said = []
     for secret, what in (
         (generated_api_keys_secret(rev, token_urlsafe(32)), f"a random API key, id {GENERATED_KEY_ID}"),
@@ -362,13 +376,24 @@ def _owned_by(live: dict[str, Any], desired: dict[str, Any]) -> bool:
     return any(r.get("uid") in want for r in live["metadata"].get("ownerReferences", []))
 
 
+#: The kinds that scale the engine Deployment (pruned ahead of the other children's apply).
+AUTOSCALER_KINDS = frozenset({"HorizontalPodAutoscaler", "ScaledObject"})
+
+
 def _prune(
-    cluster: Cluster, objects: list[dict[str, Any]], live: dict[tuple[str, str, str], Any], uid: str
+    cluster: Cluster,
+    objects: list[dict[str, Any]],
+    live: dict[tuple[str, str, str], Any],
+    uid: str,
+    kinds: frozenset[str] | None = None,
 ) -> list[str]:
+    """Delete the children of this QwenDeployment (of `kinds`, else every kind) it no longer wants."""
     wanted = {_key(o) for o in objects}
     writes = []
     for key, obj in live.items():
         owners = {r.get("uid") for r in obj["metadata"].get("ownerReferences", [])}
+        if kinds is not None and obj.get("kind") not in kinds:
+            continue
         if key not in wanted and uid in owners and cluster.delete(obj):
             writes.append(f"deleted {key[1]} {key[2]}")
     return writes
@@ -401,13 +426,19 @@ def _observe(cluster: Cluster, obs: Observed, rev: Review) -> None:
 
 #: Seconds one lora-sync sidecar may take to answer before its pod counts as not reporting.
 SIDECAR_TIMEOUT_SECONDS = 2.0
+#: The most of a sidecar's /status answer that is read: a report of a few hundred adapters is tens of
+#: kilobytes; a pod that answers more (any pod can carry the engine labels) is not reporting.
+SIDECAR_ANSWER_BYTES = 1 << 20
 
 
-def _sidecar_status(url: str) -> dict[str, Any]:
-    """GET a lora-sync sidecar's /status (a pod IP, plain HTTP inside the cluster)."""
+def _sidecar_status(url: str) -> Any:
+    """GET a lora-sync sidecar's /status (a pod IP, plain HTTP inside the cluster); its JSON as sent,
+    which adapters.parse_report checks."""
     with urllib.request.urlopen(url, timeout=SIDECAR_TIMEOUT_SECONDS) as response:
-        body: dict[str, Any] = json.loads(response.read())
-        return body
+        body = response.read(SIDECAR_ANSWER_BYTES + 1)
+    if len(body) > SIDECAR_ANSWER_BYTES:
+        raise ValueError(f"an answer over {SIDECAR_ANSWER_BYTES} bytes")
+    return json.loads(body)
 
 
 def _observe_refused(cluster: Cluster, obs: Observed, meta: dict[str, Any]) -> None:

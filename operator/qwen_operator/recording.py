@@ -93,6 +93,13 @@ GATEWAY_HELD = "qwen_gateway_held_requests"
 GATEWAY_RESPONSES = "qwen_gateway_http_response_count_total"
 #: Routes whose requests count as traffic for the idle scale-down (listing the models wakes nothing).
 TRAFFIC_ROUTES = "/v1/chat/completions|/v1/completions"
+#: The `error` label (nginx.conf's $gateway_error) of answers to requests the gateway admitted: past the
+#: API key, the key's model access and its rate limit, passed to vllm-router. Only these count as
+#: traffic: a 401, 403 or 429, and nginx's own 4xx (which it answers before the key is looked at: 413,
+#: 414, a malformed request), must never wake or keep a GPU replica. A value not named here counts as
+#: refused; tests/test_scale_to_zero.py checks that every value the map writes is in one of the two.
+ADMITTED_ERRORS = ("", "no_engine", "overloaded", "queue_timeout", "router_unavailable", "server_error")
+REFUSED_ERRORS = ("unauthorized", "model_not_allowed", "rate_limited", "unknown_route", "request_error")
 
 
 def gateway_held_query(namespace: str, deployment: str) -> str:
@@ -101,11 +108,15 @@ def gateway_held_query(namespace: str, deployment: str) -> str:
 
 
 def gateway_traffic_query(namespace: str, deployment: str, window: str) -> str:
-    """Above zero while the gateway of one QwenDeployment answered a completion within `window` (KEDA's
-    idleness): the counters' increase, plus every counter born within the window. A gateway pod's counter
-    of a route and status appears with its first answer, already above zero, so rate() and increase(),
-    which need two samples, never see the answers that created it (a wake's whole burst)."""
-    series = f'{GATEWAY_RESPONSES}{{{scope(namespace, deployment)},route=~"{TRAFFIC_ROUTES}"}}'
+    """Above zero while the gateway of one QwenDeployment answered a completion it admitted within
+    `window` (KEDA's idleness; ADMITTED_ERRORS): the counters' increase, plus every counter born within
+    the window. A gateway pod's counter of a route and status appears with its first answer, already
+    above zero, so rate() and increase(), which need two samples, never see the answers that created it
+    (a wake's whole burst)."""
+    matchers = (
+        f'{scope(namespace, deployment)},route=~"{TRAFFIC_ROUTES}",error=~"{"|".join(ADMITTED_ERRORS)}"'
+    )
+    series = f"{GATEWAY_RESPONSES}{{{matchers}}}"
     return (
         f"(sum(increase({series}[{window}])) or vector(0))"
         f" + (sum({series} unless {series} offset {window}) or vector(0))"

@@ -24,7 +24,11 @@ Conditions (all always present, so `kubectl wait --for=condition=X` works):
                   began) through Serving. Ready is then False with reason ScaledToZero, not NoReadyReplicas
   TiersReady      only with spec.gateway.tiers: every tier's QwenDeployment exists, serves the tier's model
                   name and has a ready engine replica (False names each tier that does not: reasons
-                  DeploymentNotFound, ModelNameMismatch, NoReadyReplicas); status.tiers has each tier's state
+                  DeploymentNotFound, ModelNameMismatch, NoReadyReplicas, TierScalesToZero); status.tiers
+                  has each tier's state
+  SecurityUpdateHeld  only while the engines run a pod an earlier operator version rendered whose security
+                  settings this version renders otherwise (manifests/upgrade.py SECURITY_FIELDS, Secret-fed
+                  variables): True, reason HeldUntilEdit, naming them; status.engineUpdate has every change
 
 Each optional child kind is reported by the condition `qwen_operator.kinds` assigns it.
 """
@@ -58,8 +62,22 @@ CONDITION_TYPES = (
     "Synced",
 )
 #: Conditions a status has only when the spec asks for what they report (AdaptersLoaded: spec.lora;
-#: ScaledToZero: autoscaling.minReplicas 0; TiersReady: spec.gateway.tiers).
-OPTIONAL_CONDITION_TYPES = ("AdaptersLoaded", "ScaledToZero", "TiersReady")
+#: ScaledToZero: autoscaling.minReplicas 0; TiersReady: spec.gateway.tiers; SecurityUpdateHeld: a held
+#: engine pod without this version's security settings).
+OPTIONAL_CONDITION_TYPES = ("AdaptersLoaded", "ScaledToZero", "TiersReady", "SecurityUpdateHeld")
+
+#: The most characters of any text in the status (a condition's reason or message, an adapter's error, a
+#: tier's message) and of an Event's message: texts from outside the operator (the sidecars' and the
+#: engines' errors, the pods' and the autoscaler's messages, the API server's errors, other
+#: QwenDeployments' names) can be of any size, and the whole object must stay small (etcd refuses
+#: objects over 1.5 MiB; a failed status write is retried forever).
+TEXT_LIMIT = 1024
+
+
+def bounded(text: str, limit: int = TEXT_LIMIT) -> str:
+    """`text` cut to `limit` characters, the cut marked with an ellipsis: every text from outside the
+    operator goes through this on its way into the status."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 @dataclass(frozen=True)
@@ -103,6 +121,16 @@ class TierObservation:
                 f"{self.deployment} serves {self.served_name!r}, not {self.name!r}: set its "
                 "spec.model.servedModelName or the tier's name",
             )
+        if ((self.body or {}).get("spec", {}).get("autoscaling") or {}).get("minReplicas") == 0:
+            # KEDA keeps it up on its own gateway's admitted traffic and wakes it on its own gateway's
+            # held requests; requests through this gateway are neither (they carry this deployment's
+            # label, and are not held): it would go to zero mid-traffic and stay there.
+            return (
+                False,
+                "TierScalesToZero",
+                f"{self.deployment} scales to zero (autoscaling.minReplicas 0), and its requests through "
+                "this gateway neither wake it nor keep it up: give it minReplicas 1 or more",
+            )
         if self.ready_replicas < 1:
             return False, "NoReadyReplicas", f"{self.deployment} has no ready engine replica"
         return True, "Ready", f"{self.deployment}: {self.ready_replicas} ready engine replica(s)"
@@ -141,6 +169,8 @@ class Observed:
     failure: tuple[str, str] | None = None
     #: status.engineUpdate while the engines run a pod an earlier operator version rendered (upgrade.py).
     engine_update: dict[str, Any] | None = None
+    #: The security settings among its changes (upgrade.security_changes): condition SecurityUpdateHeld.
+    held_security: list[str] = field(default_factory=list)
     #: Where each LoRA adapter is loaded, from the engine pods' lora-sync sidecars (adapters.py).
     lora: LoraObservation | None = None
     #: The QwenDeployments of spec.gateway.tiers, in order; None: not observed (no tiers).
@@ -173,8 +203,9 @@ class Observed:
 
 
 def _cond(ctype: str, ok: bool | None, reason: str, message: str = "") -> dict[str, Any]:
+    """A condition; its reason and message may carry texts from outside (bounded)."""
     status = "Unknown" if ok is None else ("True" if ok else "False")
-    return {"type": ctype, "status": status, "reason": reason, "message": message}
+    return {"type": ctype, "status": status, "reason": bounded(reason), "message": bounded(message)}
 
 
 def _pending_reason(pods: list[dict[str, Any]]) -> tuple[bool | None, str, str]:
@@ -470,7 +501,7 @@ def _lora_status(seen: LoraObservation | None) -> dict[str, Any] | None:
             {
                 "name": name,
                 "loaded": f"{state.loaded}/{seen.pods}",
-                "error": "; ".join(state.errors) or None,
+                "error": bounded("; ".join(state.errors)) or None,
             }
             for name, state in seen.adapters.items()
         ]
@@ -483,10 +514,14 @@ def _adapters_loaded(seen: LoraObservation | None) -> dict[str, Any]:
         return _cond("AdaptersLoaded", None, "NoReadyEngine", "no engine pod is ready to load adapters")
     failed = [f"{n} ({'; '.join(s.errors)})" for n, s in seen.adapters.items() if s.errors]
     if failed:
-        return _cond("AdaptersLoaded", False, "LoadFailed", "failed to load: " + ", ".join(failed))
+        # Pods are ready despite it (lorasync.py /ready): they serve the base model and the other adapters.
+        serving = "the pods serve the base model and the other adapters, and a 404 for it while retried"
+        return _cond(
+            "AdaptersLoaded", False, "LoadFailed", f"failed to load ({serving}): " + ", ".join(failed)
+        )
     missing = [f"{n} {s.loaded}/{seen.pods}" for n, s in seen.adapters.items() if s.loaded < seen.pods]
     if seen.silent:
-        missing.append("no answer from the lora-sync sidecar of " + "; ".join(seen.silent))
+        missing.append("no usable answer from the lora-sync sidecar of " + "; ".join(seen.silent))
     if missing:
         return _cond("AdaptersLoaded", False, "Loading", "loading: " + ", ".join(missing))
     if seen.unloading:
@@ -510,7 +545,7 @@ def _tiers_status(tiers: list[TierObservation] | None) -> list[dict[str, Any]] |
                 "ready": ready,
                 "readyReplicas": tier.ready_replicas,
                 "reason": reason,
-                "message": message,
+                "message": bounded(message),
             }
         )
     return entries
@@ -664,6 +699,16 @@ def compute_status(
     if obs.review is not None and obs.review.resource.spec.gateway.tiers:
         conds["TiersReady"] = _tiers_ready(obs.tiers)
         types.append("TiersReady")
+    if obs.held_security:
+        shown = ", ".join(obs.held_security[:6]) + (", ..." if len(obs.held_security) > 6 else "")
+        conds["SecurityUpdateHeld"] = _cond(
+            "SecurityUpdateHeld",
+            True,
+            "HeldUntilEdit",
+            f"the engines run without this operator version's security settings ({shown}): they roll "
+            "out at the next edit of the spec, or at once with spec.engine.upgradePolicy: Immediate",
+        )
+        types.append("SecurityUpdateHeld")
     status: dict[str, Any] = {
         "observedGeneration": obs.generation,
         "phase": _phase(conds),
@@ -786,5 +831,6 @@ def events(previous: dict[str, Any] | None, current: dict[str, Any]) -> list[Eve
         kind = "Normal" if good or waiting or cond["type"] == "Progressing" else "Warning"
         if kind == "Normal" and cond["type"] not in had:
             continue
-        out.append(Event(kind, cond["reason"], f"{cond['type']}={cond['status']}: {cond['message']}"))
+        message = bounded(f"{cond['type']}={cond['status']}: {cond['message']}")
+        out.append(Event(kind, cond["reason"], message))
     return out

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import urllib3
 from kubernetes.client import ApiClient
 from kubernetes.client.rest import ApiException
 
@@ -131,24 +132,49 @@ class Store:
 
 class Contact:
     """When a watch last heard from the API server (monotonic seconds); None while it is not meant to
-    run (not started, stopped, or a forbidden or absent collection: not watched on purpose)."""
+    run (not started, stopped, or a forbidden or absent collection: not watched on purpose).
+
+    A watch whose requests fail because the API server is down (refused or reset connections, 5xx, 429)
+    is not stalled: it knows why it hears nothing and keeps trying, and a restart of the operator would
+    not bring the API server back. Counting it as stuck turned an outage of over WATCH_STALL_SECONDS into
+    restarts and CrashLoopBackOff, whose back-off then delayed the recovery."""
 
     def __init__(self) -> None:
         self.last: float | None = None
+        #: Since when every request failed for want of an API server; None while it answers.
+        self.unreachable_since: float | None = None
 
     def heard(self) -> None:
         """An answer came; also called as the watch starts (its first answer is due from then)."""
         self.last = time.monotonic()
+        self.unreachable_since = None
+
+    def unreachable(self) -> None:
+        """A request failed for want of an API server (unreachable(exc) is true)."""
+        if self.unreachable_since is None:
+            self.unreachable_since = time.monotonic()
 
     def ended(self) -> None:
         self.last = None
+        self.unreachable_since = None
 
     def silent_for(self, now: float) -> float | None:
         return None if self.last is None else now - self.last
 
     def stalled(self, now: float, bound: float) -> bool:
         silent = self.silent_for(now)
-        return silent is not None and silent > bound
+        return silent is not None and silent > bound and self.unreachable_since is None
+
+
+def unreachable(exc: BaseException) -> bool:
+    """The request failed because the API server cannot serve: no connection (refused, reset, a DNS or
+    TLS failure before any answer), or an answer saying so (5xx, 429). A watch accepted and then silent
+    until its read timed out is not such a failure: that is what a stall looks like."""
+    if isinstance(exc, ApiException):
+        return exc.status is not None and (exc.status >= 500 or exc.status == 429)
+    if isinstance(exc, urllib3.exceptions.MaxRetryError):
+        return not isinstance(exc.reason, urllib3.exceptions.ReadTimeoutError)
+    return isinstance(exc, (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ProtocolError, OSError))
 
 
 class Informer:
@@ -156,7 +182,9 @@ class Informer:
 
     `synced` is set once the first LIST is in the store; `forbidden` when that LIST was refused (403:
     the operator lacks the right, e.g. cluster-wide pods in a namespaced install) and `absent` when the
-    collection does not exist (404: an optional CRD not installed); both are final for this informer.
+    collection does not exist (404: an optional CRD not installed, or deleted since: the store is emptied
+    and its objects reported DELETED); both are final for this informer (Caches starts a new one when
+    the CRD comes back).
     `on_event(type, obj)` is called from the informer's thread for every change after the first LIST.
     """
 
@@ -215,20 +243,34 @@ class Informer:
                 wait = RETRY_FIRST
             except _Expired:
                 version = None  # LIST again (410 Gone: the version is older than the API server keeps)
-            except ApiException as exc:
-                if exc.status in (403, 404) and not self.synced.is_set():
-                    self.forbidden, self.absent = exc.status == 403, exc.status == 404
-                    log.info("%s: %s, not cached", self.name, "forbidden" if self.forbidden else "not served")
-                    self.contact.ended()
-                    self.synced.set()
+            except Exception as exc:  # an error answer; connection refused, reset, timeout
+                if self._failed(exc, wait):
                     return
-                log.warning("%s: %s %s, retrying in %.0f s", self.name, exc.status, exc.reason, wait)
                 self._stopped.wait(wait)
                 wait = min(wait * 2, RETRY_MAX)
-            except Exception as exc:  # connection refused, reset, timeout: the API server restarts
-                log.warning("%s: %s: %s, retrying in %.0f s", self.name, type(exc).__name__, exc, wait)
-                self._stopped.wait(wait)
-                wait = min(wait * 2, RETRY_MAX)
+
+    def _failed(self, exc: Exception, wait: float) -> bool:
+        """Take a failed LIST or WATCH into account; True when this informer is done: its collection is
+        not served (404: an optional CRD not installed, or deleted while it was watched) or, at the
+        first LIST, not to the operator (403)."""
+        status = exc.status if isinstance(exc, ApiException) else None
+        if status == 404 or (status == 403 and not self.synced.is_set()):
+            if self.synced.is_set():  # the CRD was deleted: its objects went with it
+                for obj in self.store.items():
+                    self.store.remove(key_of(obj))
+                    self._report("DELETED", obj)
+            self.forbidden, self.absent = status == 403, status == 404
+            log.info("%s: %s, not cached", self.name, "forbidden" if self.forbidden else "not served")
+            self.contact.ended()
+            self.synced.set()
+            return True
+        if unreachable(exc):
+            self.contact.unreachable()
+        if isinstance(exc, ApiException):
+            log.warning("%s: %s %s, retrying in %.0f s", self.name, exc.status, exc.reason, wait)
+        else:
+            log.warning("%s: %s: %s, retrying in %.0f s", self.name, type(exc).__name__, exc, wait)
+        return False
 
     def _request(self, query: list[tuple[str, Any]], stream: bool) -> Any:
         accept = "application/json"

@@ -36,7 +36,7 @@ from . import metrics
 from .k8s import Cluster, Failure, describe_failure
 from .metrics import FAILING_OBJECTS, RETRIES
 from .reconcile import reconcile_and_report, report_failure
-from .watchcache import Contact
+from .watchcache import Contact, unreachable
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +296,8 @@ class WorkQueue:
                 items = await asyncio.to_thread(self.cluster.list_qwendeployments, namespaces)
             except Exception as exc:
                 log.warning("resync: listing QwenDeployments failed, next try in %.0f s: %s", interval, exc)
+                if unreachable(exc):
+                    self.qwd_contact.unreachable()
                 continue
             self.qwd_contact.heard()
             for item in items:

@@ -204,7 +204,7 @@ def _gateway() -> list[Panel]:
         ),
         Panel(
             "Engines the router sees healthy",
-            [(f"sum by (pod) (vllm_router_worker_health{{{GATEWAY}}})", "{{pod}}")],
+            [(f'sum by (pod) (vllm_router_worker_health{{{GATEWAY}, tier=""}})', "{{pod}}")],
         ),
         Panel(
             "Requests held for an engine (scale to zero)",

@@ -260,8 +260,9 @@ def status_schema() -> dict[str, Any]:
                 "type": "array",
                 "description": "Typed conditions: Ready, ConfigValid, CapacityFit, Scheduled, Progressing, "
                 "ScalingReady, MonitoringReady, ExposureReady, ReferencesResolved, Synced, "
-                "AdaptersLoaded with spec.lora, ScaledToZero with autoscaling.minReplicas 0, and TiersReady "
-                "with spec.gateway.tiers.",
+                "AdaptersLoaded with spec.lora, ScaledToZero with autoscaling.minReplicas 0, TiersReady "
+                "with spec.gateway.tiers, and SecurityUpdateHeld while the engines run a pod an earlier "
+                "operator version rendered without this version's security settings.",
                 "items": _condition_schema(),
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],

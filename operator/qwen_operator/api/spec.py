@@ -162,6 +162,34 @@ PrometheusUrl = Annotated[
     Field(max_length=2048, json_schema_extra={"x-kubernetes-validations": cel_rules(PROMETHEUS_URL_RULES)}),
 ]
 
+#: Model names: the base model's (spec.model.name, servedModelName), the tiers', the aliases' and every
+#: name that refers to one of them. The gateway carries them in nginx.conf's quoted strings and JSON
+#: bodies and in its njs module, where `$` would start a variable, a quote end the string, a backslash or
+#: a control character become another character, and one outside ASCII a `\u` escape: printable ASCII
+#: but those four. An OpenAPI pattern, so the API server refuses the rest too (at no CEL cost, however long
+#: the lists); adapter names are DNS labels, a subset.
+MODEL_NAME_PATTERN = r"^[ !#%&(-\[\]-~]*$"
+
+
+def _quotable(name: str) -> str:
+    # fullmatch: Python's `$` also matches before a final newline, Go's (the API server's) does not
+    if re.fullmatch(MODEL_NAME_PATTERN, name) is None:
+        raise PydanticCustomError(
+            "model_name",
+            "{name} has a character outside printable ASCII or one of $ ' \" \\, which the gateway's "
+            "configuration cannot quote; choose another name",
+            {"name": repr(name)},
+        )
+    return name
+
+
+#: A model name of any length (spec.model's, which have no maxLength).
+QuotableName = Annotated[
+    str, Field(json_schema_extra={"pattern": MODEL_NAME_PATTERN}), AfterValidator(_quotable)
+]
+#: A model name clients send, or that names one.
+ModelName = Annotated[QuotableName, Field(min_length=1, max_length=256)]
+
 _QUANTITY_FACTORS = {
     "": 1, "m": 0.001, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
@@ -310,10 +338,11 @@ class ModelSource(Model):
         }
     )
 
-    name: str = Field(
+    name: QuotableName = Field(
         min_length=1,
         description=f"Hugging Face id of the checkpoint: one of the catalog's ({', '.join(MODELS)}), "
-        "or any Qwen3-32B checkpoint declared in `checkpoint`.",
+        "or any Qwen3-32B checkpoint declared in `checkpoint`. Printable ASCII without $ ' \" \\ "
+        "(the default served name, which the gateway's configuration quotes).",
     )
     checkpoint: CommunityCheckpoint | None = Field(
         default=None,
@@ -323,8 +352,11 @@ class ModelSource(Model):
     revision: str | None = Field(
         default=None, min_length=1, description="Git revision (tag or commit) to pin."
     )
-    served_model_name: str | None = Field(
-        default=None, min_length=1, description="Model name clients send. Default: `name`."
+    served_model_name: QuotableName | None = Field(
+        default=None,
+        min_length=1,
+        description="Model name clients send. Default: `name`. Printable ASCII without $ ' \" \\ (the "
+        "gateway's configuration quotes it).",
     )
     hf_token_secret: SecretKeyRef | None = Field(
         default=None, description="Secret holding a Hugging Face token (env HF_TOKEN) for gated downloads."
@@ -1044,12 +1076,8 @@ class RateLimit(Model):
     burst: int = Field(default=50, ge=0, le=100_000, description="Requests above the rate allowed at once.")
 
 
-#: Characters of a model name that a rule of spec.gateway.modelAccess cannot name (nginx quoting).
-_UNQUOTABLE = frozenset("$'\"\\")
 #: An API key's id: a data key of the API-key Secret, as run-nginx.sh accepts it.
 KeyId = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9._-]+$")]
-#: Model names clients send: spec.model's served name or an adapter's name.
-ModelName = Annotated[str, Field(min_length=1, max_length=256)]
 
 
 class ModelAccess(Model):
@@ -1480,12 +1508,6 @@ class QwenDeploymentSpec(Model):
                 raise field_error(
                     path, f"{name!r} is also {seen[name]}: a request names one model, so names must be unique"
                 )
-            if set(name) & _UNQUOTABLE:
-                raise field_error(
-                    path,
-                    f"{name!r} contains one of {' '.join(sorted(_UNQUOTABLE))}, which the gateway's "
-                    "configuration cannot quote; choose another name",
-                )
             seen[name] = what
         refs: dict[str, int] = {}
         for i, tier in enumerate(self.gateway.tiers):
@@ -1538,13 +1560,6 @@ class QwenDeploymentSpec(Model):
                         f"gateway.modelAccess[{i}].models[{j}]",
                         f"{model!r} is neither the base model's served name nor an adapter's name, nor a "
                         f"tier's or an alias's; this gateway serves: {', '.join(known)}",
-                    )
-                if set(model) & _UNQUOTABLE:
-                    # nginx.conf quotes the names in its 403 message and maps
-                    raise field_error(
-                        f"gateway.modelAccess[{i}].models[{j}]",
-                        f"{model!r} contains one of {' '.join(sorted(_UNQUOTABLE))}, which the gateway's "
-                        "configuration cannot quote: set spec.model.servedModelName to a name without them",
                     )
         return self
 

@@ -77,6 +77,22 @@ def model_label(name: str) -> str:
     return name if _PLAIN_LABEL.match(name) else "base"
 
 
+#: nginx's default map_hash_bucket_size, its CPU's cache line.
+_MAP_BUCKET = 64
+
+
+def map_hash_bucket_size(keys: list[str]) -> int | None:
+    """map_hash_bucket_size for maps keyed by these strings (model names, key ids), None where nginx's
+    default fits: a bucket must hold the longest key's element (a pointer, then its length and bytes
+    aligned to a pointer: ngx_hash.h NGX_HASH_ELT_SIZE) and an end pointer; past 46 bytes nginx refuses
+    the configuration. Above it, room for two such keys, in whole cache lines."""
+    longest = max((len(k.encode()) for k in keys), default=0)
+    element = 8 + -(-(longest + 2) // 8) * 8
+    if element + 8 <= _MAP_BUCKET:
+        return None
+    return -(-(2 * element + 8) // _MAP_BUCKET) * _MAP_BUCKET
+
+
 @cache
 def _templates() -> jinja2.Environment:
     return jinja2.Environment(
@@ -123,6 +139,9 @@ def _template_values(review: Review, wiring: Wiring, limits: Limits) -> dict[str
         "lora": qd.spec.lora is not None,
         "served_model": map_key(qd.spec.served_model_name),
         "model_labels": [(map_key(m), model_label(m)) for m in qd.spec.routable_names],
+        "map_hash_bucket_size": map_hash_bucket_size(
+            [*qd.spec.routable_names, *(k for group in access for k in group.keys)]
+        ),
         "access_groups": _access_values(access),
         # The request's model is read from its body (njs): for limited keys, tiers and aliases.
         "body_routing": bool(access or tiers),

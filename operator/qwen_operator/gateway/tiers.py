@@ -6,8 +6,10 @@ nginx server on a Unix socket in the pod that applies the tier's per-key limit, 
 key, rewrites `model` when it differs (an alias, a spill-over) and proxies to the tier's own vllm-router;
 an alias picks one of those by its rules. A tier with spillTo has its target's server as a `backup`
 upstream: nginx tries it only when the tier's router answers 503 (no ready engine) or 429 (its admission
-is full), which is the tier's saturation. The server `self` does the same for the base model (and
-adapters) when an alias or a spill-over picks them.
+is full), which is the tier's saturation. A key limited (spec.gateway.modelAccess) to models without the
+spill target gets an upstream without the backup instead, so the tier's own refusal; the tier server
+passes the key id on, so that the spill target's per-key limit counts what spills there. The server
+`self` does the same for the base model (and adapters) when an alias or a spill-over picks them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from ..api.review import Review
 from ..api.spec import QwenDeploymentSpec
+from .access import access_groups
 from .errors import GatewayError
 from .limits import rate_share
 from .wiring import Wiring
@@ -33,6 +36,8 @@ class TierRoute:
     model: str  # the name requests are rewritten to
     router: str  # host:port of its vllm-router
     spill: str | None  # id of the target tried when this one is saturated
+    #: Access groups (gateway/access.py) whose keys may not use the spill target: never spilled.
+    spill_denied: tuple[str, ...]
     #: Per-pod share of the tier's per-key rate limit: (requests per minute, burst); None: none.
     rate: tuple[int, int] | None
     rate_limited: GatewayError | None
@@ -53,6 +58,7 @@ def tier_routes(review: Review, wiring: Wiring) -> list[TierRoute]:
     g = spec.gateway
     if not g.tiers and not g.aliases:
         return []
+    groups = access_groups(spec)
     routes = []
     for i, tier in enumerate(g.tiers):
         rate = None
@@ -75,6 +81,7 @@ def tier_routes(review: Review, wiring: Wiring) -> list[TierRoute]:
                 model=tier.name,
                 router=f"{wiring.router_host}:{wiring.tier_router_port(i)}",
                 spill=target_of(spec, tier.spill_to) if tier.spill_to else None,
+                spill_denied=tuple(a.id for a in groups if tier.spill_to and tier.spill_to not in a.models),
                 rate=rate,
                 rate_limited=limited,
                 engine_key_file=wiring.tier_engine_key_file(i),
@@ -86,6 +93,7 @@ def tier_routes(review: Review, wiring: Wiring) -> list[TierRoute]:
             model=spec.served_model_name,
             router=f"{wiring.router_host}:{wiring.router_port}",
             spill=None,
+            spill_denied=(),
             rate=None,
             rate_limited=None,
             engine_key_file=None,

@@ -15,7 +15,7 @@ from ..gateway import ACTIVATOR_METRICS_PORT, GATEWAY_METRICS_PORTS, GatewayConf
 from ..kinds import Skipped, kind_of
 from .engine import build_engine_deployment, build_engine_service
 from .exposure import build_client_service, build_routes
-from .gateway import build_gateway
+from .gateway import build_gateway, tier_metrics_port_name
 from .lora import build_lora_config_map
 from .monitoring import build_engine_service_monitor, build_gateway_pod_monitor, build_prometheus_rule
 from .policy import DEFAULT_SCRAPERS, build_engine_network_policy, build_pdb
@@ -78,7 +78,8 @@ def build_children(review: Review, facts: ClusterFacts | None = None) -> Childre
             # for prometheus-operator's new configuration to reach Prometheus (up to a minute).
             keda = spec.autoscaling is not None and spec.autoscaling.driver == "keda"
             ports = [*GATEWAY_METRICS_PORTS, *([ACTIVATOR_METRICS_PORT] if keda or review.holding else [])]
-            objects.append(build_gateway_pod_monitor(review, ports))
+            tiers = [(tier_metrics_port_name(i), t.name) for i, t in enumerate(spec.gateway.tiers)]
+            objects.append(build_gateway_pod_monitor(review, ports, tiers))
     if spec.monitoring.prometheus_rule:
         objects.append(build_prometheus_rule(review))
     kept, skipped = [], []

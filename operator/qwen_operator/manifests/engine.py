@@ -199,6 +199,22 @@ def hands_replicas_over(desired: dict[str, Any], live: dict[str, Any] | None) ->
     return owner != "autoscaler" and live.get("spec", {}).get("replicas") is not None
 
 
+def replicas_floor(review: Review, desired: dict[str, Any], live: dict[str, Any] | None) -> int | None:
+    """The replicas an engine Deployment at zero must be lifted to before its HPA can scale it, else None.
+
+    Kubernetes' HPA does nothing while its target has 0 replicas (ScalingActive False, ScalingDisabled),
+    and 0 is where KEDA leaves the engines of a deployment at zero. So when the spec moves from KEDA at
+    zero to the HPA driver, nothing but the operator would ever start an engine. KEDA itself lifts a
+    target below its minReplicaCount, so only the HPA driver needs this.
+    """
+    a = review.resource.spec.autoscaling
+    if a is None or a.driver != "hpa" or live is None or desired["kind"] != "Deployment":
+        return None
+    if desired["metadata"]["name"] != names.engine(review.resource):
+        return None
+    return a.min_replicas if live.get("spec", {}).get("replicas") == 0 else None
+
+
 def build_engine_service(review: Review) -> dict[str, Any]:
     """Headless Service: per-pod DNS for discovery, and the scrape target for engine metrics and, with
     spec.lora, for the lora-sync sidecars' (a ServiceMonitor endpoint names a port of the Service)."""

@@ -30,7 +30,7 @@ RUN_AS = 10001  # the gateway image's user; the exporters run as it too
 #: Time for the Service to stop sending new connections to a terminating pod before nginx drains.
 DRAIN_DELAY_SECONDS = 5
 
-__all__ = ["GATEWAY_METRICS_PORTS", "build_gateway"]
+__all__ = ["GATEWAY_METRICS_PORTS", "build_gateway", "tier_metrics_port_name"]
 
 
 def gateway_image(review: Review) -> str:
@@ -96,6 +96,11 @@ def _nginx_container(review: Review, config: GatewayConfig) -> dict[str, Any]:
     }
 
 
+def tier_metrics_port_name(tier: int) -> str:
+    """The container port of spec.gateway.tiers[tier]'s vllm-router metrics (the PodMonitor names it)."""
+    return f"tier{tier}-metrics"
+
+
 def _router_container(review: Review, config: GatewayConfig, tier: int | None = None) -> dict[str, Any]:
     """The router of this deployment's engines, or (tier i) of spec.gateway.tiers[i]'s."""
     w = config.wiring
@@ -107,7 +112,7 @@ def _router_container(review: Review, config: GatewayConfig, tier: int | None = 
         f"while os.path.exists('{w.state_dir}/nginx.pid') and time.monotonic() < deadline:\n"
         "    time.sleep(1)\n"
     )
-    port_name = "router-metrics" if tier is None else f"tier{tier}-metrics"
+    port_name = "router-metrics" if tier is None else tier_metrics_port_name(tier)
     port = w.router_metrics_port if tier is None else w.tier_metrics_port(tier)
     return {
         "name": "router" if tier is None else f"router-tier{tier}",

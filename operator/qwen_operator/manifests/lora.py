@@ -19,8 +19,11 @@ from .meta import metadata
 
 #: The operator's own image, which the sidecar runs: the chart passes the image it installed.
 OPERATOR_IMAGE_ENV = "QWEN_OPERATOR_IMAGE"
-#: Named container port of the sidecar (/status, /metrics, /healthz).
+#: Named container port of the sidecar (/status, /metrics, /ready, /healthz).
 PORT_NAME = "lora-sync"
+#: Seconds between the sidecar's readiness probes: the pod is routed to at most this long after its
+#: adapters are loaded (a cold start at zero waits for it), and a probe costs a dict read.
+READY_PROBE_PERIOD = 2
 VOLUME = "lora-adapters"
 
 
@@ -55,9 +58,16 @@ def lora_volume(review: Review) -> dict[str, Any]:
 
 
 def lora_sidecar(review: Review, env: list[dict[str, Any]], cache_mount: dict[str, Any]) -> dict[str, Any]:
-    """`qwen-operator lora-sync` beside the engine: the engine's key and model cache, the desired file."""
+    """`qwen-operator lora-sync` beside the engine: the engine's key and model cache, the desired file.
+
+    Its readiness probe is /ready, so that the pod (ready when every container is) is routed to only
+    once the adapters wanted at its start are loaded or have failed (lorasync.py). It needs no startup
+    budget: a failing readiness probe restarts nothing, and the engine's startupProbe covers the
+    engine's start."""
     keep = {"HF_HOME", "HF_TOKEN", "HF_HUB_OFFLINE", "VLLM_API_KEY"}
     probe = {"httpGet": {"path": "/healthz", "port": PORT_NAME}, "periodSeconds": 20, "timeoutSeconds": 5}
+    ready = {"httpGet": {"path": "/ready", "port": PORT_NAME}, "periodSeconds": READY_PROBE_PERIOD,
+             "timeoutSeconds": 2, "failureThreshold": 3}  # fmt: skip
     return {
         "name": "lora-sync",
         "image": operator_image(),
@@ -65,6 +75,7 @@ def lora_sidecar(review: Review, env: list[dict[str, Any]], cache_mount: dict[st
         "args": ["--model-cache", cache_mount["mountPath"], "--port", str(SIDECAR_PORT)],
         "ports": [{"name": PORT_NAME, "containerPort": SIDECAR_PORT, "protocol": "TCP"}],
         "env": [e for e in env if e["name"] in keep],
+        "readinessProbe": ready,
         "livenessProbe": {**probe, "failureThreshold": 3},
         "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
         "volumeMounts": [{**cache_mount}, {"name": VOLUME, "mountPath": MOUNT_DIR, "readOnly": True}],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from .. import names, recording
@@ -52,8 +53,25 @@ def _deployment_relabeling() -> dict[str, Any]:
     }
 
 
-def build_gateway_pod_monitor(review: Review, ports: list[str]) -> dict[str, Any]:
+def build_gateway_pod_monitor(
+    review: Review, ports: Sequence[str], tier_ports: Sequence[tuple[str, str]] = ()
+) -> dict[str, Any]:
+    """The gateway pods' metrics ports; `tier_ports`: (port, tier name) of each tier's vllm-router, whose
+    series also get the label `tier` (the tier's model name), so that they never add to this
+    deployment's own router series."""
     qd = review.resource
+
+    def endpoint(port: str, tier: str | None = None) -> dict[str, Any]:
+        relabelings = [_deployment_relabeling()]
+        if tier is not None:
+            relabelings.append({"action": "replace", "targetLabel": "tier", "replacement": tier})
+        return {
+            "port": port,
+            "path": "/metrics",
+            "interval": qd.spec.monitoring.interval,
+            "relabelings": relabelings,
+        }
+
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
@@ -63,13 +81,8 @@ def build_gateway_pod_monitor(review: Review, ports: list[str]) -> dict[str, Any
             "namespaceSelector": {"matchNames": [qd.metadata.namespace]},
             # `qwendeployment` on every gateway series too: the scale-to-zero triggers select on it.
             "podMetricsEndpoints": [
-                {
-                    "port": port,
-                    "path": "/metrics",
-                    "interval": qd.spec.monitoring.interval,
-                    "relabelings": [_deployment_relabeling()],
-                }
-                for port in ports
+                *(endpoint(port) for port in ports),
+                *(endpoint(port, tier) for port, tier in tier_ports),
             ],
         },
     }

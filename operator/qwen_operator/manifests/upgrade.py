@@ -29,13 +29,53 @@ ENGINE_TEMPLATE = f"{LABEL_PREFIX}/engine-template"
 UNRECORDED = "unrecorded"
 
 
+#: Fields of the pod (and of its containers) whose operator defaults docs/security.md says are in force.
+#: A held change of one of them, or of a variable fed from a Secret (the engine API key), is not only
+#: in status.engineUpdate but also the condition SecurityUpdateHeld: the engines then run with less than
+#: this version's guards until the spec is edited (or at once under upgradePolicy Immediate).
+SECURITY_FIELDS = (
+    "securityContext",
+    "automountServiceAccountToken",
+    "serviceAccountName",
+    "hostNetwork",
+    "hostPID",
+    "hostIPC",
+    "hostUsers",
+)
+
+
 @dataclass(frozen=True)
 class Held:
     """The engine Deployment to apply, and what the held template differs in from the new rendering
-    (empty: nothing held)."""
+    (empty: nothing held); `security`: those of the changes that are security settings."""
 
     deployment: dict[str, Any]
     changes: list[str] = field(default_factory=list)
+    security: list[str] = field(default_factory=list)
+
+
+def security_changes(held: dict[str, Any], rendered: dict[str, Any]) -> list[str]:
+    """The security settings (SECURITY_FIELDS, and variables fed from Secrets) the rendered pod template
+    has otherwise than the held one."""
+    paths = [p for p in changed_paths(held, rendered) if any(f".{name}" in p for name in SECURITY_FIELDS)]
+    held_containers = {c["name"]: c for c in held.get("spec", {}).get("containers", [])}
+    for container in rendered.get("spec", {}).get("containers", []):
+        before = _secret_env(held_containers.get(container["name"], {}))
+        after = _secret_env(container)
+        paths += [
+            f".spec.containers[{container['name']}].env[{name}]"
+            for name in sorted(set(before) | set(after))
+            if before.get(name) != after.get(name)
+        ]
+    return paths
+
+
+def _secret_env(container: dict[str, Any]) -> dict[str, Any]:
+    return {
+        e["name"]: e["valueFrom"]["secretKeyRef"]
+        for e in container.get("env") or []
+        if (e.get("valueFrom") or {}).get("secretKeyRef")
+    }
 
 
 def hold_engine_template(
@@ -65,7 +105,11 @@ def hold_engine_template(
     if recorded == rendered:  # the same rendering: applied as such (a hand edit is reverted)
         return Held(out)
     out["spec"]["template"] = template
-    return Held(out, changed_paths(template, desired["spec"]["template"]) or ["the pod template"])
+    return Held(
+        out,
+        changed_paths(template, desired["spec"]["template"]) or ["the pod template"],
+        security_changes(template, desired["spec"]["template"]),
+    )
 
 
 def replaces_pods(desired: dict[str, Any], live: dict[str, Any]) -> bool:

@@ -72,3 +72,12 @@ def bad_cr(path: Path) -> BadCr:
         message=expect["message"].strip(),
         server=(server["field"], server["message"].strip()) if server else None,
     )
+
+
+#: spec.autoscaling of a deployment that scales to zero (KEDA, a Prometheus of the cluster).
+KEDA_AT_ZERO = {
+    "minReplicas": 0,
+    "maxReplicas": 2,
+    "driver": "keda",
+    "prometheusAddress": "http://prometheus.monitoring:9090",
+}

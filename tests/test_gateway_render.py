@@ -34,7 +34,7 @@ from qwen_operator.api.spec import SpecError
 from qwen_operator.gateway import GATEWAY_METRICS_PORTS, Limits, config_files, router_args
 from qwen_operator.manifests.exposure import build_client_service, build_routes
 from qwen_operator.manifests.gateway import GENERATED_KEY_ID, build_gateway, generated_api_keys_secret
-from support import EXAMPLES, REPO, load
+from support import EXAMPLES, KEDA_AT_ZERO, REPO, load
 
 K8S_SCHEMA_VERSION = "1.36"  # the dev cluster's Kubernetes version
 UID = "0b1c2d3e-0000-4000-8000-000000000005"
@@ -710,12 +710,7 @@ def _every_name_kind(served: str, routed: str) -> dict[str, Any]:
         "adapters": [{"name": "a-0", "source": {"huggingFace": {"repo": "my-org/a-0", "revision": "0" * 40}}}]
     }
     body["spec"].pop("replicas", None)
-    body["spec"]["autoscaling"] = {
-        "minReplicas": 0,
-        "maxReplicas": 2,
-        "driver": "keda",
-        "prometheusAddress": "http://prometheus.monitoring.svc:9090",
-    }
+    body["spec"]["autoscaling"] = dict(KEDA_AT_ZERO)
     small, medium, alias = (f"{prefix}{routed * 3}"[:256] for prefix in ("~1", "default", "2"))
     body["spec"]["gateway"] |= {
         "tiers": [

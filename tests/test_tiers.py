@@ -27,7 +27,7 @@ from qwen_operator.gateway import Limits
 from qwen_operator.gateway.holding import models_at_zero
 from qwen_operator.manifests import ClusterFacts, build_children
 from qwen_operator.status import CONDITION_TYPES, Observed, TierObservation, compute_status, merge_patch
-from support import REPO, example
+from support import KEDA_AT_ZERO, REPO, example
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 T1 = datetime(2026, 1, 2, tzinfo=UTC)
@@ -222,12 +222,7 @@ def test_the_pod_runs_a_router_per_tier_and_mounts_each_tiers_engine_key() -> No
 def _at_zero(**gateway_fields: Any) -> Review:
     body = _body(tiers=TIERS, aliases=[AUTO], **gateway_fields)
     body["spec"].pop("replicas", None)
-    body["spec"]["autoscaling"] = {
-        "minReplicas": 0,
-        "maxReplicas": 2,
-        "driver": "keda",
-        "prometheusAddress": "http://prometheus.monitoring:9090",
-    }
+    body["spec"]["autoscaling"] = dict(KEDA_AT_ZERO)
     return review(body)
 
 

@@ -7,7 +7,7 @@ CACHE ?= $(shell python3 operator/qwen_devtools/cache.py)
 export QWEN_OPERATOR_CACHE := $(CACHE)
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-demo test unit e2e lint generate verify demo demo-down bench bench-quick newcomer clean
+.PHONY: help setup setup-demo test test-quick unit e2e lint generate verify demo demo-down bench bench-quick mutants newcomer clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -43,8 +43,11 @@ unit: $(VENV)/.installed ## pure and real-process tests (no cluster)
 e2e: setup ## operator end to end on the dev cluster
 	QWEN_REQUIRE_REAL_PARTS=1 $(VENV)/bin/pytest e2e -m "not bench" $(PYTEST_ARGS)
 
-test: setup lint verify ## everything CI runs: lint, drift checks, unit, real-process and e2e tests
+test: setup lint verify ## everything CI runs: lint, drift checks, unit, real-process and e2e tests (4 lanes)
 	QWEN_REQUIRE_REAL_PARTS=1 $(PY) -m qwen_devtools.testlanes $(PYTEST_ARGS)
+
+test-quick: $(VENV)/.installed ## the edit-run loop: tests/ without engines, no cluster (make test before a push)
+	QWEN_REQUIRE_REAL_PARTS=1 $(PY) -m qwen_devtools.testlanes --quick $(PYTEST_ARGS)
 
 demo: setup-demo ## dev cluster with GPU pools, operator installed with the chart, an example QwenDeployment
 	$(PY) -m qwen_devtools.demo up
@@ -57,6 +60,9 @@ bench: setup ## every benchmark scenario (ratios to peers measured in the same r
 
 bench-quick: setup ## every benchmark scenario's smoke mode (minutes; README untouched)
 	$(PY) bench/suite.py --quick
+
+mutants: $(VENV)/.installed ## break each of 13 promised behaviours in a scratch worktree; the suite must catch each (about 2 min)
+	$(PY) -m qwen_devtools.mutants
 
 newcomer: ## the README's first two commands in a fresh clone, in order (NEWCOMER_ARGS=--cold: empty caches first)
 	bash tools/newcomer.sh $(NEWCOMER_ARGS)

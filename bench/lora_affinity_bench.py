@@ -10,7 +10,7 @@ at most two of them and the others wait for a later step (vLLM's scheduler admit
 its adapter fits the batch's slots). The measure is what that costs: throughput and streamed TTFT, in
 rounds interleaved between the two gateways. Adapters are loaded at start (--lora-modules) in both,
 since what is compared is the routing, not the loading (the lora-sync sidecar's load is timed in
-tests/test_lorasync_live.py and the e2e LoRA test).
+tests/test_engine_live.py and the e2e LoRA test).
 
 Not a pass/fail test. Usage: .venv/bin/python bench/lora_affinity_bench.py [--quick] [--json FILE]
 """

@@ -200,7 +200,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     if report.when == "call":
         item.devcluster_call_report = report  # type: ignore[attr-defined]
+    if report.failed and item.get_closest_marker("journey") is not None:
+        item.module.journey_stopped_at = item.name  # type: ignore[union-attr]
     return report
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The steps of a journey (marker ``journey``) build on each other: once one failed, the later ones
+    are skipped with its name instead of each waiting out its bounds on a state it did not expect."""
+    stopped = getattr(getattr(item, "module", None), "journey_stopped_at", None)
+    if stopped and item.get_closest_marker("journey") is not None:
+        pytest.skip(f"the journey stopped at {stopped}")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -16,7 +16,7 @@ controllers, scheduler or kwok, so no Deployment ever gets pods and no QwenDeplo
 It can express each fault, but not the convergence that must follow it.
 
 Engine and gateway pods here are SIMULATED (kwok nodes run no containers): a Ready status in these
-tests is kwok's, not a real engine's (e2e/test_real_serving.py serves for real).
+tests is kwok's, not a real engine's (e2e/test_real_journey.py serves for real).
 """
 
 from __future__ import annotations

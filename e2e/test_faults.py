@@ -9,7 +9,7 @@ the watches. Faults a real server will not produce on demand (409, 429, 5xx, 410
 test_api_faults.py; failover between replicas in test_leader.py.
 
 Engine and gateway pods here are SIMULATED (kwok nodes run no containers): a Ready status in these
-tests is kwok's, not a real engine's (e2e/test_real_serving.py serves for real).
+tests is kwok's, not a real engine's (e2e/test_real_journey.py serves for real).
 """
 
 from __future__ import annotations

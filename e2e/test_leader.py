@@ -7,7 +7,7 @@ of another test module (or of another session sharing the `test` cluster) would 
 objects and blur the audit log.
 
 Engine and gateway pods here are SIMULATED (kwok nodes run no containers): a Ready status in these
-tests is kwok's, not a real engine's (e2e/test_real_serving.py serves for real).
+tests is kwok's, not a real engine's (e2e/test_real_journey.py serves for real).
 """
 
 from __future__ import annotations
@@ -42,16 +42,8 @@ from qwen_devtools.operator_proc import (
 )
 from qwen_devtools.wait import wait_until
 from qwen_operator.k8s import Leases
-from qwen_operator.leader import (
-    LEASE_SECONDS,
-    LOST_EXIT_CODE,
-    RENEW_DEADLINE_SECONDS,
-    RETRY_SECONDS,
-    Attempt,
-    Election,
-    Elector,
-    Timing,
-)
+from qwen_operator.leader import Attempt, Election, Elector
+from qwen_operator.lease import LEASE_SECONDS, LOST_EXIT_CODE, RENEW_DEADLINE_SECONDS, RETRY_SECONDS, Timing
 
 pytestmark = pytest.mark.cluster
 

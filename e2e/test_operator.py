@@ -2,7 +2,7 @@
 
 The operator runs as a local process under the ServiceAccount and RBAC of manifests/install.yaml.
 The engine and gateway pods here are SIMULATED (kwok nodes run no containers): "Ready" below means
-kwok marked them ready; tests of a really serving stack are in test_real_serving.py.
+kwok marked them ready; tests of a really serving stack are in e2e/test_real_journey.py.
 """
 
 from __future__ import annotations
@@ -310,7 +310,7 @@ def test_hpa_owns_replicas(cluster: Any, operator: OperatorProcess, namespace: s
     assert all("f:replicas" not in json.dumps(m.get("fieldsV1", {}).get("f:spec", {})) for m in managers)
 
     # This (kwok) dev cluster serves no custom metrics API: the status must say so, before the HPA's own
-    # FailedGetPodsMetric (e2e/test_real_autoscaling.py runs the real adapter).
+    # FailedGetPodsMetric (e2e/test_real_journey.py runs the real adapter).
     scaling = condition(wait_condition(cluster, namespace, name, "ScalingReady", "False"), "ScalingReady")
     assert scaling["reason"] == "MetricsAPIMissing", scaling
     assert "v1beta1.custom.metrics.k8s.io" in scaling["message"], scaling

@@ -10,7 +10,7 @@ Each test edits a QwenDeployment that is Ready and asserts what the issue calls 
 
 The engine and gateway pods here are SIMULATED (kwok nodes run no containers; "ready" is kwok's): these
 rows are about scheduling, ownership and status. The rows where a request must not fail run on the real
-node (e2e/test_real_serving.py: the autoscaling hand-off and key rotation under traffic). The matrix
+node (e2e/test_real_journey.py: the autoscaling hand-off and key rotation under traffic). The matrix
 with each row's result is in docs/reliability.md.
 """
 
@@ -303,26 +303,32 @@ def test_engine_edits_roll_out_keeping_capacity_and_the_strategy(
     assert_resync_writes_nothing(cluster, operator, namespace)
 
 
-def _l40s_gpus_used(cluster: Any) -> int:
+def _l40s_gpus_used(cluster: Any) -> tuple[int, bool]:
+    """GPUs requested by the pods on the L40S pool, and whether any of those pods is terminating."""
     pods = kubectl_json(
         cluster, "get", "pods", "-A", "--field-selector", "status.phase!=Succeeded,status.phase!=Failed"
     )
     nodes = kubectl_json(cluster, "get", "nodes", "-l", "qwenops.dev/pool=l40s-48gb")
     names = {n["metadata"]["name"] for n in nodes["items"]}
-    return sum(
+    on_pool = [p for p in pods["items"] if p["spec"].get("nodeName") in names]
+    used = sum(
         int(c.get("resources", {}).get("requests", {}).get("nvidia.com/gpu", 0))
-        for p in pods["items"]
-        if p["spec"].get("nodeName") in names
+        for p in on_pool
         for c in p["spec"]["containers"]
     )
+    return used, any(p["metadata"].get("deletionTimestamp") for p in on_pool)
 
 
 def _free_l40s_gpus(cluster: Any, at_least: int = 2) -> int:
-    """Free GPUs of the 4 in the L40S pool, once the pods of an earlier test's namespace are gone."""
+    """Free GPUs of the 4 in the L40S pool, once the pods of an earlier test's namespace are gone: none
+    terminating (a terminating pod's GPUs, freed after the count, would change the strategy chosen)."""
+
+    def settled_free() -> int | None:
+        used, terminating = _l40s_gpus_used(cluster)
+        return None if terminating or 4 - used < at_least else 4 - used
+
     try:
-        return wait_until(
-            lambda: (n := 4 - _l40s_gpus_used(cluster)) >= at_least and n, 120, "free L40S GPUs"
-        )
+        return wait_until(settled_free, 120, "free L40S GPUs, no pod of the pool terminating")
     except AssertionError:
         pytest.skip(f"fewer than {at_least} free L40S GPUs on this cluster after 120 s")
 

@@ -10,7 +10,7 @@ change kept their ReplicaSets and pods (no engine restart). The test prints whic
 and why (the paths that differ).
 
 Engine and gateway pods here are SIMULATED (kwok nodes run no containers): a Ready status in these
-tests is kwok's, not a real engine's (e2e/test_real_serving.py serves for real).
+tests is kwok's, not a real engine's (e2e/test_real_journey.py serves for real).
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
-"""Helpers of the API tests: paths, example and bad resources, running the real `qwen-operator` CLI."""
+"""Helpers of the API tests: paths, example and bad resources, running the `qwen-operator` CLI (in this
+process, or as the installed console script)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import re
 import subprocess
 import sys
@@ -26,10 +29,37 @@ def cli_path() -> Path:
 
 
 def run_cli(*args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run `qwen-operator ARGS` as a user would; never raises on a non-zero exit."""
+    """Run `qwen-operator ARGS` as a user would, a fresh process of the console script (seconds: it
+    imports pydantic and the catalogs); never raises on a non-zero exit. For the entry point itself;
+    everything else, cli_in_process."""
     return subprocess.run(
         [str(cli_path()), *args], input=stdin, capture_output=True, text=True, timeout=timeout, cwd=REPO
     )
+
+
+#: Commands that serve until stopped and configure logging for the process: subprocesses only.
+_SERVERS = {"run", "lora-sync", "activator"}
+
+
+def cli_in_process(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`qwen_operator.cli.main(ARGS)` in this process, with stdin, stdout and stderr of its own; the same
+    result as run_cli (an argparse exit becomes its status). Not thread-safe (it swaps sys.std*); paths
+    are taken from the test's working directory, so pass absolute ones."""
+    from qwen_operator import cli
+
+    assert not _SERVERS & set(args[:1]), f"{args[0]} serves until stopped: use run_cli"
+    out, err = io.StringIO(), io.StringIO()
+    saved_stdin = sys.stdin
+    sys.stdin = io.StringIO(stdin or "")
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(list(args))
+            except SystemExit as exc:  # argparse: usage errors (2) and --help (0)
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    finally:
+        sys.stdin = saved_stdin
+    return subprocess.CompletedProcess(["qwen-operator", *args], code, out.getvalue(), err.getvalue())
 
 
 def load(path: Path) -> dict[str, Any]:

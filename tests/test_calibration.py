@@ -197,6 +197,16 @@ SETUPS: dict[str, Setup] = {
         )
         for pid in ("LLMD-0.11-TP1-H100", "LLMD-0.11-TP2-H100")
     },
+    # Run here with the operator's own engine command (tools/measure/gpu/): vLLM 0.32, the pinned version,
+    # so its accounting is the plan's; every limit is the rendered command's.
+    "QWENOPS-H100-V032-BF16-16K": Setup(
+        "Qwen/Qwen3-32B",
+        "9.0",
+        16384,
+        8192,
+        256,
+        accounting="0.32.0, the pinned version: the plan's own accounting",
+    ),
     "KR-TP2-PRO6000-V024": Setup(
         "Qwen/Qwen3-32B",
         "12.0",
@@ -232,6 +242,25 @@ UNEXPLAINED = {
     "profile peak of the stage that embeds at TP 1 (the size of its embedding table, 1.45 GiB, but "
     "no copy of the table is made in the load, the lookup or the compile: docs); the plan's last stage "
     "(2.30 GiB) puts KV 10.8 % above the log",
+}
+
+#: Points measured on a GPU with the operator's own engine command (tools/measure/gpu/, issue 42): the
+#: band is tighter, KV tokens -3 % .. +1 % of the log (a little low, never high). A point outside it is a
+#: planner term to fix from vLLM's source, never a constant fitted to it; until then an expected
+#: failure (strict) saying which logged terms differ from the plan's.
+MEASURED_BELOW, MEASURED_ABOVE = -0.03, 0.01
+MEASURED_HERE = {
+    "QWENOPS-H100-V032-BF16-16K": "plan 27,472 tokens, log 28,864 (-4.8 %), with terms off both ways. CUDA "
+    "graphs: the plan's 1.86 GiB (a 0.26 log's capture) against the 1.17 GiB estimate 0.32 charges "
+    "(requested 71.26 - non-KV 63.04 - available 7.05): 0.69 over. The forward: the plan's 1.41 GiB "
+    "(184,328 B per token, the eager rebuild) against the log's torch peak increase of 1.61, which is "
+    "what tools/measure/first_stage.py measured for the forward split at attention as vLLM compiles it "
+    "(210,944 B per token, 1.609 GiB): 0.20 under. Persistent beyond weights (total consumed 61.48 - "
+    "61.03): 0.45 logged against the plan's 0.26 (sampler state, cuBLAS workspaces, non-torch), 0.19 "
+    "under, of which 0.05 are allocations during the profile (torch peak increase 1.61 - transient "
+    "headroom 1.56) and 0.14 not attributed (candidate: the compiled graph's Triton kernel modules, "
+    "non-torch). The first two fixes alone put the plan 2 % high; the runs at maxNumBatchedTokens 2048 "
+    "and 16384 and at maxNumSeqs 64 (tools/measure/gpu/runs.yaml) separate the terms.",
 }
 
 CATALOG_GPU_GIB = {"H100NVL-TABLE": 93.00}
@@ -413,6 +442,39 @@ def test_comparable_points_within_the_band(pid: str) -> None:
         assert BELOW <= (version_budget(point, setup, plan) / GIB - gib) / gib <= ABOVE
     if tokens is not None:
         assert BELOW <= (version_tokens(point, setup, plan) - tokens) / tokens <= ABOVE
+
+
+def measured_case(pid: str) -> Any:
+    reason = MEASURED_HERE[pid]
+    return pytest.param(pid, marks=pytest.mark.xfail(strict=True, reason=reason)) if reason else pid
+
+
+@pytest.mark.parametrize("pid", [measured_case(pid) for pid in MEASURED_HERE])
+def test_points_measured_here_within_the_tight_band(pid: str) -> None:
+    point, setup = POINTS[pid], SETUPS[pid]
+    assert not setup.cuda_graphs_outside_budget and not setup.v1_runner  # the plan's own accounting
+    _, tokens = logged_kv(point)
+    assert tokens is not None
+    planned = version_tokens(point, setup, plan_point(point, setup))
+    assert MEASURED_BELOW <= (planned - tokens) / tokens <= MEASURED_ABOVE, (planned, tokens)
+
+
+def test_the_measured_points_terms_are_the_logs() -> None:
+    """The figures MEASURED_HERE's reason states, from the plan and the log, so that it stays true."""
+    point, setup = POINTS["QWENOPS-H100-V032-BF16-16K"], SETUPS["QWENOPS-H100-V032-BF16-16K"]
+    plan = plan_point(point, setup)
+    runtime = plan.runtime
+    assert runtime is not None
+    logged, derived = point["logged"], point["derived"]
+    assert runtime.cuda_graph_bytes / GIB - logged["cuda_graph_gib"] == pytest.approx(0.69, abs=0.01)
+    split_forward = 210_944 * setup.max_num_batched_tokens / GIB  # first_stage.out.txt, TP 1
+    assert logged["activation_peak_gib"] == pytest.approx(split_forward, abs=0.01)
+    assert logged["activation_peak_gib"] - runtime.profile_peak_bytes / GIB == pytest.approx(0.20, abs=0.01)
+    persistent = (runtime.sampler_state_bytes + runtime.persistent_bytes + runtime.non_torch_bytes) / GIB
+    logged_persistent = derived["persistent_beyond_weights_gib (total consumed - weights)"]
+    assert logged_persistent - persistent == pytest.approx(0.19, abs=0.01)
+    fixed = version_budget(point, setup, plan) / GIB + 0.69 - 0.20
+    assert (fixed - logged["kv_cache_gib"]) / logged["kv_cache_gib"] == pytest.approx(0.02, abs=0.005)
 
 
 def logged_runtime_gib(pid: str) -> float:

@@ -21,7 +21,7 @@ from qwen_operator.api.plan import make_plan
 from qwen_operator.api.review import review
 from qwen_operator.manifests import build_all
 from qwen_operator.manifests.engine import cache_size_limit
-from support import run_cli
+from support import cli_in_process
 from test_plan import errors_at, plan_for, warnings_at
 
 # (layers, hidden, intermediate, attention heads, KV heads, head_dim, vocab, max_position_embeddings,
@@ -214,7 +214,7 @@ def test_qwen3_8b_on_one_a100_80gb_by_hand() -> None:
 
 def test_qwen3_8b_plan_and_render_through_the_cli() -> None:
     body = yaml.safe_dump(_typical("Qwen/Qwen3-8B"))
-    planned = run_cli("plan", "-f", "-", "-o", "json", stdin=body)
+    planned = cli_in_process("plan", "-f", "-", "-o", "json", stdin=body)
     assert planned.returncode == 0, planned.stderr
     plan = json.loads(planned.stdout)
     assert (plan["model"], plan["tensorParallelSize"], plan["kvTokensPerReplica"]) == (
@@ -222,7 +222,7 @@ def test_qwen3_8b_plan_and_render_through_the_cli() -> None:
         1,
         386_672,
     )
-    rendered = run_cli("render", "-f", "-", stdin=body)
+    rendered = cli_in_process("render", "-f", "-", stdin=body)
     assert rendered.returncode == 0, rendered.stderr
     engine = next(
         d

@@ -1,4 +1,6 @@
-"""`qwen-operator plan`, `render` and `crd`, run as the installed console script (a subprocess).
+"""`qwen-operator plan`, `render` and `crd`: run in this process (support.cli_in_process, the same
+result as the console script), and a few times as the installed console script itself (its exit status,
+stdin, and that plan, render and crd start without the kubernetes client and kopf).
 
 Golden files: tests/golden/plan/<example>.json hold the `plan -o json` output of each example; rewrite
 them with `pytest --update-golden` (or UPDATE_GOLDEN=1) and review the diff.
@@ -7,6 +9,8 @@ The bad-resource corpus: tests/bad-crs/NN-name.yaml, each starting with
     # expect: <field path>: <message substring>
 and, when the API server's schema or CEL rules catch it too (e2e/test_crd.py checks that),
     # server: rejects: <field path>: <message substring>
+Its Python-side checks are all here, one test per file: `plan` and `render` refuse it naming the field,
+and the status the operator would write refuses it in the right condition.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
+import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, get_args
 
@@ -26,8 +31,20 @@ from pydantic import BaseModel
 from qwen_operator.api.crd import crd
 from qwen_operator.api.engine import OWNED_FLAGS, REFUSED_FLAGS, REFUSED_VALUES
 from qwen_operator.api.review import review
-from qwen_operator.api.spec import OPERATOR_ENV, QwenDeploymentSpec
-from support import BAD_CRS, CRD_FILE, EXAMPLES, GOLDEN, BadCr, bad_cr, example, load, run_cli
+from qwen_operator.api.spec import OPERATOR_ENV, QwenDeploymentSpec, SpecError
+from qwen_operator.status import Observed, compute_status
+from support import (
+    BAD_CRS,
+    EXAMPLES,
+    GOLDEN,
+    REPO,
+    BadCr,
+    bad_cr,
+    cli_in_process,
+    example,
+    load,
+    run_cli,
+)
 
 PLAN_KEYS = {
     "fits",
@@ -50,7 +67,7 @@ PLAN_KEYS = {
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_plan_json_matches_golden(path: Path, update_golden: bool) -> None:
-    result = run_cli("plan", "-f", str(path), "-o", "json")
+    result = cli_in_process("plan", "-f", str(path), "-o", "json")
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     golden = GOLDEN / "plan" / f"{path.stem}.json"
@@ -93,14 +110,14 @@ def test_a100_golden_numbers_by_hand() -> None:
 
 
 def test_plan_table_output() -> None:
-    result = run_cli("plan", "-f", str(EXAMPLES[0]))
+    result = cli_in_process("plan", "-f", str(EXAMPLES[0]))
     assert result.returncode == 0, result.stderr
     lines = dict(line.split("  ", 1) for line in result.stdout.splitlines() if "  " in line)
     assert lines["Fits"].strip() == "yes"
     assert lines["KV bytes per token"].strip() == "262,144"
     # maxModelLen 32,768 at 20 tokens/s + 120 s, in whole minutes (plan.request_timeout_seconds)
     assert lines["Gateway request timeout"].strip() == "1800 s"
-    planned = json.loads(run_cli("plan", "-f", str(EXAMPLES[0]), "-o", "json").stdout)
+    planned = json.loads(cli_in_process("plan", "-f", str(EXAMPLES[0]), "-o", "json").stdout)
     assert lines["KV tokens per replica"].strip() == f"{planned['kvTokensPerReplica']:,}"
     assert lines["Longest prefill step"].strip() == f"~{planned['prefillStepSeconds']:.1f} s"
     assert "Engine: vllm serve Qwen/Qwen3-32B --served-model-name" in result.stdout
@@ -110,7 +127,7 @@ def test_plan_shows_the_lora_term() -> None:
     body = example("a100-80gb-tp2-bf16")
     source = {"huggingFace": {"repo": "my-org/sql-lora", "revision": "0" * 40}}
     body["spec"]["lora"] = {"maxLoras": 4, "maxLoraRank": 64, "adapters": [{"name": "sql", "source": source}]}
-    result = run_cli("plan", "-f", "-", stdin=yaml.safe_dump(body))
+    result = cli_in_process("plan", "-f", "-", stdin=yaml.safe_dump(body))
     assert result.returncode == 0, result.stderr
     lines = {
         k: v.strip() for k, v in (line.split("  ", 1) for line in result.stdout.splitlines() if "  " in line)
@@ -121,13 +138,13 @@ def test_plan_shows_the_lora_term() -> None:
         == "2.80 GiB (slots 4 x rank 64: 2.70 GiB; buffers and extra CUDA graphs 0.10 GiB)"
     )
     assert lines["LoRA adapters"] == "1 (held in host memory: 4)"
-    planned = json.loads(run_cli("plan", "-f", "-", "-o", "json", stdin=yaml.safe_dump(body)).stdout)
+    planned = json.loads(cli_in_process("plan", "-f", "-", "-o", "json", stdin=yaml.safe_dump(body)).stdout)
     assert planned["loraGiBPerGpu"] == 2.8
     assert json.loads((GOLDEN / "plan" / "a100-80gb-tp2-bf16.json").read_text())["loraGiBPerGpu"] is None
 
 
 def test_plan_table_quotes_json_arguments() -> None:
-    result = run_cli("plan", "-f", str(next(p for p in EXAMPLES if "128k" in p.name)))
+    result = cli_in_process("plan", "-f", str(next(p for p in EXAMPLES if "128k" in p.name)))
     assert result.returncode == 0
     assert "(YaRN x4)" in result.stdout
     assert '--hf-overrides \'{"max_position_embeddings":131072,' in result.stdout
@@ -135,22 +152,15 @@ def test_plan_table_quotes_json_arguments() -> None:
 
 def test_plan_reads_stdin_and_every_document() -> None:
     text = "\n---\n".join(path.read_text() for path in EXAMPLES)
-    result = run_cli("plan", "-f", "-", "-o", "json", stdin=text)
+    result = cli_in_process("plan", "-f", "-", "-o", "json", stdin=text)
     assert result.returncode == 0, result.stderr
     plans = json.loads(result.stdout)
     assert [p["model"] for p in plans] == [load(path)["spec"]["model"]["name"] for path in EXAMPLES]
 
 
-def test_one_bad_document_fails_the_file() -> None:
-    text = EXAMPLES[0].read_text() + "\n---\n" + (BAD_CRS[0]).read_text()
-    result = run_cli("plan", "-f", "-", stdin=text)
-    assert result.returncode == 1
-    assert "error: -: QwenDeployment bad-01: spec.parallelism.tensor: " in result.stderr
-
-
 def test_plan_of_a_spec_that_does_not_fit_prints_the_plan_and_fails() -> None:
     path = next(p for p in BAD_CRS if p.name.startswith("03-"))
-    result = run_cli("plan", "-f", str(path), "-o", "json")
+    result = cli_in_process("plan", "-f", str(path), "-o", "json")
     assert result.returncode == 1
     plan = json.loads(result.stdout)
     assert plan["fits"] is False and plan["engineArgs"] == []
@@ -170,17 +180,18 @@ def test_plan_of_a_spec_that_does_not_fit_prints_the_plan_and_fails() -> None:
         ),
         (["plan", "-f", "-"], "a: [b\n", "error: -: not valid YAML"),
         (["plan", "-f", "-"], "", "error: -: no QwenDeployment in the file"),
+        (["plan"], None, "error: the following arguments are required: -f/--file"),
     ],
 )
 def test_usage_errors_exit_2(args: list[str], stdin: str | None, message: str) -> None:
-    result = run_cli(*args, stdin=stdin)
+    result = cli_in_process(*args, stdin=stdin)
     assert result.returncode == 2
     assert message in result.stderr
 
 
 def test_render_examples() -> None:
     for path in EXAMPLES:
-        result = run_cli("render", "-f", str(path))
+        result = cli_in_process("render", "-f", str(path))
         assert result.returncode == 0, f"{path.name}: {result.stderr}"
         objects = [o for o in yaml.safe_load_all(result.stdout) if o]
         command = review(load(path)).command
@@ -259,11 +270,12 @@ def test_every_field_a_message_names_is_a_real_spec_path(
 
 @pytest.fixture(scope="module")
 def corpus_results() -> dict[tuple[str, str], subprocess.CompletedProcess[str]]:
-    """`plan` and `render` on every corpus file, run a few at a time (each is a fresh CLI process)."""
-    jobs = [(path, command) for path in BAD_CRS for command in ("plan", "render")]
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        results = pool.map(lambda job: run_cli(job[1], "-f", str(job[0])), jobs)
-        return {(path.name, command): result for (path, command), result in zip(jobs, results, strict=True)}
+    """`plan` and `render` on every corpus file, once."""
+    return {
+        (path.name, command): cli_in_process(command, "-f", str(path))
+        for path in BAD_CRS
+        for command in ("plan", "render")
+    }
 
 
 def _names_field(stderr: str, case: BadCr) -> bool:
@@ -275,28 +287,121 @@ def _names_field(stderr: str, case: BadCr) -> bool:
     return False
 
 
+#: The corpus files that are valid specs too large for their GPU pool; every other one breaks a rule.
+CAPACITY_CASES = {
+    "03-bf16-on-two-a100-40gb",
+    "04-bf16-tp1-full-context-does-not-fit",
+    "29-tp-times-pp-over-gpus-per-node",
+    "63-weights-do-not-fit-one-a10",
+}
+
+
+def _status(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The conditions, by type, of the status the reconciler writes before it creates anything
+    (reconcile._reconcile)."""
+    try:
+        observed = Observed(generation=1, review=review(body))
+    except SpecError as exc:
+        observed = Observed(generation=1, spec_errors=[f"{p}: {m}" for p, m in exc.problems])
+    status = compute_status(observed, None, datetime(2026, 1, 1, tzinfo=UTC))
+    return {c["type"]: c for c in status["conditions"]}
+
+
 @pytest.mark.parametrize("path", BAD_CRS, ids=lambda p: p.stem)
-@pytest.mark.parametrize("command", ["plan", "render"])
 def test_bad_resource_is_refused(
-    path: Path, command: str, corpus_results: dict[tuple[str, str], subprocess.CompletedProcess[str]]
+    path: Path, corpus_results: dict[tuple[str, str], subprocess.CompletedProcess[str]]
 ) -> None:
     case = bad_cr(path)
-    result = corpus_results[(path.name, command)]
-    assert result.returncode == 1, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
-    assert _names_field(result.stderr, case), f"want '{case.field}: ...{case.message}' in:\n{result.stderr}"
-    if command == "render":
-        assert result.stdout == "", "nothing may be rendered from an invalid resource"
+    for command in ("plan", "render"):
+        result = corpus_results[(path.name, command)]
+        assert result.returncode == 1, (
+            f"{command}: exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+        )
+        assert _names_field(result.stderr, case), (
+            f"{command}: want '{case.field}: ...{case.message}' in:\n{result.stderr}"
+        )
+    assert corpus_results[(path.name, "render")].stdout == "", (
+        "nothing may be rendered from an invalid resource"
+    )
+
+    conditions = _status(load(path))
+    refusing, other = (
+        ("CapacityFit", "ConfigValid") if path.stem in CAPACITY_CASES else ("ConfigValid", "CapacityFit")
+    )
+    c = conditions[refusing]
+    assert c["status"] == "False", list(conditions.values())
+    assert f"{case.field}: " in c["message"] and case.message in c["message"]
+    assert conditions[other]["status"] != "False"
+    ready = conditions["Ready"]
+    assert (ready["status"], ready["reason"]) == (
+        "False",
+        "DoesNotFit" if refusing == "CapacityFit" else "InvalidSpec",
+    )
+
+
+# --- the console script itself: a few real processes -----------------------------------------------
+
+
+def test_console_script_prints_what_main_prints() -> None:
+    args = ("plan", "-f", str(EXAMPLES[0]), "-o", "json")
+    script = run_cli(*args)
+    assert script.returncode == 0, script.stderr
+    here = cli_in_process(*args)
+    assert (script.returncode, script.stdout, script.stderr) == (here.returncode, here.stdout, here.stderr)
+
+
+def test_console_script_reads_stdin_and_one_bad_document_fails_the_file() -> None:
+    text = EXAMPLES[0].read_text() + "\n---\n" + (BAD_CRS[0]).read_text()
+    result = run_cli("plan", "-f", "-", stdin=text)
+    assert result.returncode == 1
+    assert "error: -: QwenDeployment bad-01: spec.parallelism.tensor: " in result.stderr
+    assert "Fits" in result.stdout  # the valid document is still planned
+
+
+def test_console_script_exits_2_on_a_usage_error() -> None:
+    result = run_cli("plan", "-f", "/nonexistent.yaml")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert "error: /nonexistent.yaml: No such file or directory" in result.stderr
+
+
+#: In a fresh interpreter: plan, render and crd, then the top-level packages of kubernetes and kopf that
+#: are loaded; then the same after parsing `run` (whose flags come from `leader`, which needs the client).
+_IMPORTS_OF_THE_OFFLINE_COMMANDS = """
+import contextlib, io, sys
+from qwen_operator import cli
+for args in (["plan", "-f", sys.argv[1]], ["render", "-f", sys.argv[1]], ["crd"]):
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main(args) == 0, args
+loaded = lambda: sorted({name.split(".")[0] for name in sys.modules} & {"kubernetes", "kopf"})
+print(loaded())
+cli.parser().parse_args(["run", "--leader-elect-lease-duration", "20"])  # run's flags need no client
+print(loaded())
+from qwen_operator import leader  # the election does: the check sees it
+print(loaded())
+"""
+
+
+def test_plan_render_and_crd_import_neither_kubernetes_nor_kopf() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORTS_OF_THE_OFFLINE_COMMANDS, str(EXAMPLES[0])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[]", "[]", "['kubernetes']"]
 
 
 # --- the CRD ---------------------------------------------------------------------------------------
 
 
-def test_checked_in_crd_is_up_to_date() -> None:
-    result = run_cli("crd")
+def test_crd_command_prints_the_crd() -> None:
+    """What `qwen-operator crd` prints is the CRD of the pydantic model (the checked-in file's
+    freshness is `make verify`'s drift check)."""
+    result = cli_in_process("crd")
     assert result.returncode == 0, result.stderr
-    notice, body = CRD_FILE.read_text().split("\n", 1)  # the file is the output under the generated notice
-    assert notice.startswith("# Generated by `make generate`")
-    assert body == result.stdout, "crds/ is stale: run `make generate`"
+    assert yaml.safe_load(result.stdout) == crd()
 
 
 def test_crd_is_a_valid_custom_resource_definition() -> None:

@@ -15,8 +15,8 @@ from qwen_operator import names
 from qwen_operator.api.quantity import canonical
 from qwen_operator.api.review import review
 from qwen_operator.api.rollout import ROLLOUT_ANNOTATION, Rollout, rollout_complete
-from qwen_operator.manifests import ClusterFacts, build_children
-from qwen_operator.manifests.engine import hands_replicas_over
+from qwen_operator.manifests import ClusterFacts, build_children, node_pool
+from qwen_operator.manifests.engine import hands_replicas_over, replicas_floor
 from qwen_operator.manifests.transition import edit_impact
 from qwen_operator.manifests.upgrade import (
     ENGINE_GENERATION,
@@ -26,8 +26,9 @@ from qwen_operator.manifests.upgrade import (
     replaces_pods,
 )
 from qwen_operator.objects import changed_paths, content_hash
+from qwen_operator.reconcile import surge_stuck
 from qwen_operator.status import Observed, compute_status, merge_patch
-from support import run_cli
+from support import KEDA_AT_ZERO, cli_in_process
 from test_status import example, reviewed
 
 # --- status: exactly the computed one -------------------------------------------------------------
@@ -151,6 +152,18 @@ def test_turning_autoscaling_on_hands_the_live_replicas_over_first() -> None:
     assert not hands_replicas_over(fixed, live_scaled), "back to fixed: the operator's apply takes it"
 
 
+def test_the_hpa_after_keda_at_zero_gets_engines_lifted_to_its_minimum() -> None:
+    """Kubernetes' HPA never scales a target at 0 replicas, where KEDA left it: the operator lifts it."""
+    autoscaling = {"driver": "hpa", "minReplicas": 2, "maxReplicas": 4}
+    hpa, desired = _autoscaled({"autoscaling": autoscaling}), _engine_deployment(autoscaling=autoscaling)
+    at = {n: copy.deepcopy(desired) | {"spec": {**desired["spec"], "replicas": n}} for n in (0, 1)}
+    assert replicas_floor(hpa, desired, at[0]) == 2
+    assert replicas_floor(hpa, desired, at[1]) is None, "serving: the HPA takes it from here"
+    assert replicas_floor(hpa, desired, None) is None, "a new Deployment starts at the HPA's minimum"
+    keda = _autoscaled({"autoscaling": KEDA_AT_ZERO})
+    assert replicas_floor(keda, desired, at[0]) is None, "KEDA lifts its own target"
+
+
 # --- the rollout strategy kept -------------------------------------------------------------------------
 
 
@@ -182,6 +195,37 @@ def test_surge_is_given_up_only_when_its_pod_cannot_be_scheduled() -> None:
     started = "Surge: the pool has the 2 free GPUs of a surge replica"
     given_up = Rollout.kept(_rolling(started, done=False), unschedulable=True)
     assert given_up is not None and given_up.mode == "InPlace" and "cannot be scheduled" in given_up.reason
+
+
+def _engine_pod(scheduled: str = "", terminating: bool = False) -> dict[str, Any]:
+    """An engine pod: running, or (scheduled = the scheduler's message) Unschedulable."""
+    meta: dict[str, Any] = {"name": "engine-pod"}
+    if terminating:
+        meta["deletionTimestamp"] = "2026-12-07T14:00:00Z"
+    cond = {"type": "PodScheduled", "status": "True"}
+    if scheduled:
+        cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": scheduled}
+    return {"metadata": meta, "status": {"conditions": [cond]}}
+
+
+def test_surge_waits_for_a_terminating_pods_gpus_and_gives_up_only_when_they_went_elsewhere() -> None:
+    """Each surge step after the first scales an old pod down and a new one up at once: the new pod is
+    Unschedulable until the old one's GPUs come back (e2e/test_transitions.py caught the operator taking
+    that for lost GPUs and switching to InPlace mid-rollout, 2026-12-07)."""
+    rev = reviewed()
+    gpus = rev.plan.gpus_per_replica
+    lacking_gpus = _engine_pod(f"0/7 nodes are available: 1 Insufficient {node_pool(rev).resource}.")
+    serving, old = _engine_pod(), _engine_pod(terminating=True)
+    full, free_again = {"gpu-0": 0, "gpu-1": 0}, {"gpu-0": gpus, "gpu-1": 0}
+    assert not surge_stuck([serving, lacking_gpus, old], full, rev), "the terminating pod's GPUs come back"
+    assert surge_stuck([serving, lacking_gpus], full, rev), "no pod terminates: the GPUs went elsewhere"
+    assert surge_stuck([serving, lacking_gpus], None, rev), "free GPUs unknown: as before"
+    assert not surge_stuck([serving, lacking_gpus], free_again, rev), "free again: the scheduler's next try"
+    spread = {"gpu-0": gpus - 1, "gpu-1": 1}
+    assert gpus > 1 and surge_stuck([serving, lacking_gpus], spread, rev), "spread over nodes places nothing"
+    lacking_memory = _engine_pod("0/7 nodes are available: 1 Insufficient memory.")
+    assert surge_stuck([serving, lacking_memory], free_again, rev), "free GPUs do not help it"
+    assert not surge_stuck([serving, old], full, rev)
 
 
 def test_a_deployment_of_an_earlier_release_keeps_its_strategy_by_its_max_surge() -> None:
@@ -333,10 +377,10 @@ def test_plan_from_prints_the_edit(tmp_path: Any) -> None:
     old = REPO / "examples" / "a100-80gb-tp2-bf16.yaml"
     new = tmp_path / "edit.yaml"
     new.write_text(old.read_text().replace("maxModelLen: 32768", "maxModelLen: 16384"))
-    table = run_cli("plan", "-f", str(new), "--from", str(old))
+    table = cli_in_process("plan", "-f", str(new), "--from", str(old))
     assert table.returncode == 0, table.stderr
     assert "DOWNTIME while the new engine starts" in table.stdout and "InPlace" in table.stdout
-    as_json = run_cli("plan", "-f", str(new), "--from", str(old), "--free-gpus", "2", "-o", "json")
+    as_json = cli_in_process("plan", "-f", str(new), "--from", str(old), "--free-gpus", "2", "-o", "json")
     edit = json.loads(as_json.stdout)["edit"]
     assert edit["zeroDowntime"] and edit["rolloutStrategy"].startswith("Surge") and edit["restartsEngines"]
 

@@ -1,7 +1,7 @@
 """API keys limited to some models (spec.gateway.modelAccess), through the real gateway: nginx with its njs
 module, vllm-router and the exporters exactly as rendered, in front of an llm-d-inference-sim replica
 that serves the base model and two LoRA adapters by name (simulated: the adapters change nothing there;
-tests/test_lorasync_live.py and the e2e LoRA test use real adapters on vLLM). What is under test is
+tests/test_engine_live.py and the e2e LoRA test use real adapters on vLLM). What is under test is
 the gateway's decision, so a simulated engine is enough: every allowed request must reach it and be
 answered 200, every denied one must get the gateway's 403 and never reach it.
 """

@@ -1,13 +1,15 @@
-"""The gateway under abuse, with real processes: a vLLM CPU engine (tiny random Qwen3) behind the gateway
-exactly as the operator renders it (start_gateway_stack: nginx, vllm-router, both exporters).
+"""The gateway under abuse, with real processes: an llm-d-inference-sim replica (a simulated vLLM engine)
+behind the gateway exactly as the operator renders it (start_gateway_stack: nginx, vllm-router, both
+exporters).
 
 Raw sockets send what no well-behaved client would: malformed JSON, bodies over the limit, headers a
 byte at a time, header injection and request smuggling, unknown and encoded routes, odd API keys, and
 API-key Secret entries that try to inject nginx configuration. Every answer is a client error with the
 right status and an OpenAI-style JSON body, never nginx's HTML pages or vllm-router's plain text (nothing
-reaches the engine that should not); the engine's own JSON errors pass unchanged; nginx's and
-vllm-router's resident memory stays bounded, and the engine serves a normal request afterwards. The
-tests share one engine and one gateway, in file order; the last one checks memory and the engine.
+reaches the engine that should not); errors leave the connection usable; nginx's and vllm-router's
+resident memory stays bounded, and a normal request is served afterwards. (That vLLM's own JSON errors
+pass unchanged: test_engine_live.py.) The tests share one engine and one gateway, in file order; the
+last one checks memory and serving.
 """
 
 from __future__ import annotations
@@ -27,20 +29,13 @@ from pathlib import Path
 import pytest
 
 from qwen_devtools.net import LOOPBACK
-from qwen_devtools.procs import Proc, wait_ready
-from qwen_devtools.realparts.engine import (
-    ENGINE_START_SECONDS,
-    SERVED_MODEL,
-    cpu_qwendeployment,
-    spawn_engine,
-    test_engine_args,
-)
+from qwen_devtools.procs import Proc
+from qwen_devtools.realparts.engine import SERVED_MODEL, cpu_qwendeployment
 from qwen_devtools.realparts.gateway import GatewayStack, start_gateway_stack
+from qwen_devtools.realparts.sim import fixed_pace, start_sims
 from qwen_devtools.wait import wait_until
 from qwen_operator.api.review import review
 from qwen_operator.gateway.nginx import MAX_BODY, RELOAD_INTERVAL_SECONDS
-
-pytestmark = pytest.mark.engine
 
 ENGINE_KEY = "engine-0123456789abcdef"
 KEY = "sk-team-a-0123456789abcdef"
@@ -57,7 +52,7 @@ NGINX_HEADER_TIMEOUT_DEFAULT = 60.0
 
 
 def _body() -> dict[str, object]:
-    """A QwenDeployment whose engine flags suit the CPU engine, with API keys."""
+    """A QwenDeployment with an engine key and client keys."""
     return cpu_qwendeployment(
         engine={"apiKeySecret": {"name": "chat-engine-key"}},
         gateway={"apiKeysSecret": "chat-api-keys", "replicas": 1},
@@ -97,26 +92,21 @@ def rss(stack: GatewayStack) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def fuzzed(tiny_model: Path) -> Iterator[Fuzzed]:
+def fuzzed() -> Iterator[Fuzzed]:
     rev = review(_body())
-    engine = spawn_engine(
-        tiny_model, extra_args=test_engine_args(rev.command), env={"VLLM_API_KEY": ENGINE_KEY}
-    )
-    stack: GatewayStack | None = None
     root = Path(tempfile.mkdtemp(prefix="qwen-gateway-fuzz-"))
-    try:
-        wait_ready(engine, "/health", ENGINE_START_SECONDS)
-        # nginx's workers drop root when the tests run as root: they must reach the body temp directory
-        # under the stack's root (a body over client_body_buffer_size goes there), as in the pod's /tmp.
-        root.chmod(0o755)
+    # nginx's workers drop root when the tests run as root: they must reach the body temp directory
+    # under the stack's root (a body over client_body_buffer_size goes there), as in the pod's /tmp.
+    root.chmod(0o755)
+    # The rendered context (1024 tokens) and batch size (8); 2 ms per token.
+    with start_sims(1, 1000, 8, 1024, fixed_pace(2)) as (engine,):
         stack = start_gateway_stack(rev, [engine.url], KEYS, ENGINE_KEY, root=root)
-        assert completion(stack).status == 200  # warm: first-request allocations are not growth
-        yield Fuzzed(stack=stack, engine=engine, rss_before=rss(stack))
-    finally:
-        if stack:
+        try:
+            assert completion(stack).status == 200  # warm: first-request allocations are not growth
+            yield Fuzzed(stack=stack, engine=engine, rss_before=rss(stack))
+        finally:
             stack.stop()
-        engine.stop()
-        shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
 
 
 # --- raw HTTP ------------------------------------------------------------------------------------------
@@ -239,22 +229,8 @@ def test_a_route_asked_with_another_method_gets_405_naming_the_allowed_one(fuzze
     assert_openai_error(exchange(fuzzed.stack, request("TRACE", "/v1/models")), 405, "method_not_allowed")
 
 
-#: A request the engine itself refuses: more tokens than its context (1024) holds.
+#: A request the engine itself refuses (a 400 of its own, in JSON): more tokens than its context (1024).
 TOO_LONG = {"model": SERVED_MODEL, "prompt": "Hello", "max_tokens": 100_000}
-
-
-def test_the_engines_own_json_error_passes_unchanged(fuzzed: Fuzzed) -> None:
-    """nginx intercepts 400 for the router's plain text; the engine's own error must still reach the
-    client exactly as the engine wrote it (status, message, its own type and param)."""
-    payload = json.dumps(TOO_LONG).encode()
-    answer = exchange(fuzzed.stack, request("POST", "/v1/completions", payload))
-    direct = exchange_with(
-        fuzzed.engine.port,
-        request("POST", "/v1/completions", payload, {"Authorization": f"Bearer {ENGINE_KEY}"}),
-    )
-    assert direct.status == 400 and answer.status == 400, (direct.body[:200], answer.body[:200])
-    assert json.loads(answer.body) == json.loads(direct.body)
-    assert "max_model_len" in json.loads(answer.body)["error"]["message"]
 
 
 def test_errors_keep_the_connection_open(fuzzed: Fuzzed) -> None:
@@ -507,7 +483,7 @@ def test_secret_entries_cannot_inject_nginx_configuration(fuzzed: Fuzzed) -> Non
 # --- afterwards ----------------------------------------------------------------------------------------
 
 
-def test_memory_stayed_bounded_and_the_engine_still_serves(fuzzed: Fuzzed) -> None:
+def test_memory_stayed_bounded_and_requests_are_still_served(fuzzed: Fuzzed) -> None:
     after = rss(fuzzed.stack)
     growth = {part: after[part] - fuzzed.rss_before[part] for part in after}
     print(f"\n[fuzz] RSS before {fuzzed.rss_before}, after {after} (bytes)")

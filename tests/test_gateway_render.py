@@ -452,9 +452,9 @@ def test_nginx_exporter_accepts_its_rendered_args(tmp_path: Path) -> None:
 
 
 def test_render_cli_shows_the_gateway() -> None:
-    from support import run_cli
+    from support import cli_in_process
 
-    result = run_cli("render", "-f", str(EXAMPLES[0]))
+    result = cli_in_process("render", "-f", str(EXAMPLES[0]))
     assert result.returncode == 0, result.stderr
     objects = [o for o in yaml.safe_load_all(result.stdout) if o]
     gateway_names = {(o["kind"], o["metadata"]["name"]) for o in objects}

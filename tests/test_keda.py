@@ -104,7 +104,7 @@ def test_the_dev_cluster_install_binds_the_roles_and_trusts_one_ca_for_both_serv
     ServiceAccount both programs run as, both Deployments on the real node from the pinned images, and one
     certificate, signed by the CA the APIService trusts, for both Services' names (the metrics API server
     serves with it and presents it to the operator's gRPC service). Run for real:
-    e2e/test_real_scale_to_zero.py."""
+    e2e/test_real_journey.py."""
     import base64
 
     from cryptography import x509

@@ -1,7 +1,7 @@
 """LoRA adapters without engine restarts, operator side: the adapters' ConfigMap, the lora-sync sidecar in
 the engine pod, the NetworkPolicy rule for its port, the scrape of its /metrics, and status.lora /
 AdaptersLoaded from what the sidecars report. (The sidecar itself against a real engine:
-tests/test_lorasync_live.py.)"""
+tests/test_engine_live.py.)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The lora-sync sidecar without an engine: the desired-file format, the pure logic (plan, backoff, the
 engine's model list and errors), the sync loop against a stand-in of vLLM's LoRA routes on loopback, its
 /status and /metrics, the CLI process, and the tiny random adapters. With the real engine:
-test_lorasync_live.py."""
+test_engine_live.py."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,6 +23,7 @@ from qwen_devtools.net import LOOPBACK, free_port, http_get, metric_sum
 from qwen_devtools.procs import running, spawn, wait_ready
 from qwen_devtools.realparts.lora import ALL_MODULES, adapter_config, tensor_shapes, write_random_lora
 from qwen_devtools.wait import wait_until
+from qwen_operator import lorasync
 from qwen_operator.api.lorafile import Adapter, DesiredFileError, HubSource, parse, render
 from qwen_operator.lorasync import (
     BACKOFF_FIRST,
@@ -147,10 +149,13 @@ class FakeVllm:
     """vLLM 0.32's /v1/models and runtime LoRA routes as its serving layer answers them
     (entrypoints/openai/models/serving.py), with the checks its loader makes first: adapter_config.json
     in the directory (else 404 "No adapter found"), rank at most max_lora_rank (else 500). The real
-    engine is in test_lorasync_live.py."""
+    engine is in test_engine_live.py."""
 
     def __init__(self, key: str | None = KEY, max_rank: int = 8) -> None:
         self.key, self.max_rank = key, max_rank
+        #: While cleared, a load is received and never answered (an engine whose core has stopped).
+        self.answering_loads = threading.Event()
+        self.answering_loads.set()
         self.loras: dict[str, str] = {}
         self.calls: list[tuple[str, str]] = []
         self.server = ThreadingHTTPServer((LOOPBACK, 0), self._handler())
@@ -169,6 +174,7 @@ class FakeVllm:
                 return _error(404, f"The lora adapter '{name}' cannot be found.")
             return 200, {}
         if path == "/v1/load_lora_adapter":
+            self.answering_loads.wait()
             lora_path = body["lora_path"]
             if name in self.loras and not body.get("load_inplace"):
                 return _error(400, f"The lora adapter '{name}' has already been loaded.")
@@ -788,6 +794,28 @@ def test_cli_process_syncs_and_serves(fake: FakeVllm, tmp_path: Path) -> None:
         wait_until(lambda: not fake.loras, 10, "adapter a unloaded")
         proc.popen.terminate()
         assert proc.popen.wait(10) == 0, proc.tail()
+
+
+def test_sigterm_ends_the_sidecar_at_once_with_a_load_unanswered(fake: FakeVllm, tmp_path: Path) -> None:
+    """The pod's containers get SIGTERM together; an engine whose core stopped never answers a load, and
+    its HTTP server waits for that connection to close: the sidecar must not wait out its read timeout."""
+    desired = tmp_path / "adapters.json"
+    _write(desired, Adapter("a", path=_adapter_dir(tmp_path, "loras/a")))
+    fake.answering_loads.clear()
+    port = free_port()
+    argv = [str(cli_path()), "lora-sync", "--desired-file", str(desired), "--engine", fake.url,
+            "--model-cache", str(tmp_path), "--host", LOOPBACK, "--port", str(port)]  # fmt: skip
+    proc = spawn("lora-sync", argv, tmp_path / "logs", env={"VLLM_API_KEY": KEY}, port=port)
+    try:
+        with running(proc):
+            wait_ready(proc, "/healthz", 30)
+            wait_until(lambda: fake.loads("a") == 1, 10, "a load in flight")
+            start = time.monotonic()
+            proc.popen.terminate()
+            assert proc.popen.wait(10) == 0, proc.tail()
+            assert time.monotonic() - start < lorasync.STOP_GRACE_SECONDS + 2, proc.tail()
+    finally:
+        fake.answering_loads.set()
 
 
 def test_cli_refuses_a_bad_interval() -> None:

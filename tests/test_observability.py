@@ -24,7 +24,6 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 from qwen_devtools.generate.files import (
-    ADAPTER_VALUES,
     RECORDING_RULES,
     adapter_values_file,
     dashboard_json,
@@ -437,9 +436,8 @@ def test_alerts_are_the_documented_set_with_runbooks() -> None:
 # --- the autoscaling signal: prometheus-adapter and KEDA ---------------------------------------------
 
 
-def test_recording_rules_and_adapter_values_are_generated() -> None:
-    assert RECORDING.read_text() == recording_rules_file(), "stale: run `make generate`"
-    assert (REPO / ADAPTER_VALUES).read_text() == adapter_values_file(), "stale: run `make generate`"
+def test_the_adapter_values_are_the_adapters_rules() -> None:
+    """(The generated files' freshness is `make verify`'s drift check.)"""
     assert yaml.safe_load(adapter_values_file()) == {"rules": {"custom": recording.adapter_rules()}}
 
 

@@ -146,28 +146,82 @@ def test_without_fail_fast_every_lane_runs_to_its_end_and_listed_statuses_pass(
     assert "[tests] FAILED: fails:" in captured.err and "selects nothing" not in captured.err
 
 
-def test_the_test_lanes_split_the_suite_by_marker_and_together_select_all_of_it() -> None:
+def test_the_test_lanes_split_the_suite_and_together_select_all_of_it() -> None:
+    """Each lane's own pytest command line, collected (four collections at once): no test in two
+    lanes, every test of `pytest tests e2e -m "not bench"` in one; the real-node journey and the
+    engines in one lane, the fault e2e on their own cluster; the pytest arguments reach every lane."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from qwen_devtools import testlanes
 
-    lanes = testlanes.lanes(["-x"])
-    ((_, engines),) = lanes["engines"]
-    ((_, others),) = lanes["others"]
-    assert engines[-2:] == ["-m", "(engine or real_node) and not bench"]
-    assert others[-2:] == ["-m", "not (engine or real_node) and not bench"]
-    assert engines[2:6] == others[2:6] == ["pytest", "tests", "e2e", "--durations=15"]
-    assert "-x" in engines and "-x" in others
+    lanes = {name: steps[0][1] for name, steps in testlanes.lanes(["-x"]).items()}
+    assert all("-x" in argv and any(a.startswith("--junitxml=") for a in argv) for argv in lanes.values())
+    assert f"QWEN_E2E_CLUSTER={testlanes.FAULTS_CLUSTER}" in lanes["kwok faults"]
 
-    def collected(marks: str) -> set[str]:
-        done = subprocess.run(
-            [sys.executable, "-m", "pytest", "tests", "e2e", "--collect-only", "-q", "-m", marks],
-            cwd=REPO, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+    def collected(argv: list[str]) -> set[str]:
+        pytest = argv.index("pytest")
+        argv = [sys.executable, "-m", "pytest", "--collect-only", "-q", *argv[pytest + 1 :]]
+        argv = [a for a in argv if a != "-x" and not a.startswith("--junitxml=")]
+        done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
         return {line for line in done.stdout.splitlines() if "::" in line}
 
-    every, one, other = collected("not bench"), collected(engines[-1]), collected(others[-1])
-    assert one and other and not one & other
-    assert one | other == every
-    assert any("test_real_serving" in t for t in one) and any("test_crd" in t for t in other)
+    every_argv = ["pytest", "tests", "e2e", "-m", "not bench"]
+    with ThreadPoolExecutor(5) as pool:
+        every, *each = pool.map(collected, [every_argv, *lanes.values()])
+    by_lane = dict(zip(lanes, each, strict=True))
+    assert all(by_lane.values()), {name: len(tests) for name, tests in by_lane.items()}
+    assert sum(map(len, by_lane.values())) == len(every)
+    assert set().union(*by_lane.values()) == every
+    assert any("test_real_journey" in t for t in by_lane["engines"])
+    assert any("test_engine_live" in t for t in by_lane["engines"])
+    assert any("test_crd" in t for t in by_lane["kwok"])
+    assert any("test_faults" in t for t in by_lane["kwok faults"])
+    assert not any("test_engine_live" in t for t in by_lane["unit"])
+
+
+def test_the_slowest_tests_are_read_from_every_lanes_junit_report(tmp_path: Path) -> None:
+    from qwen_devtools import testlanes
+
+    (tmp_path / "unit.xml").write_text(
+        '<testsuites><testsuite><testcase classname="tests.test_a" name="test_x" time="1.5"/>'
+        '<testcase classname="tests.test_a" name="test_y[p]" time="9"/></testsuite></testsuites>'
+    )
+    (tmp_path / "engines.xml").write_text(
+        '<testsuites><testsuite><testcase classname="e2e.test_real_journey" name="test_z" time="120.25"/>'
+        "</testsuite></testsuites>"
+    )
+    found = testlanes.slowest([tmp_path / "unit.xml", tmp_path / "engines.xml", tmp_path / "none.xml"], 2)
+    assert found == [
+        (120.25, "engines", "e2e/test_real_journey.py::test_z"),
+        (9.0, "unit", "tests/test_a.py::test_y[p]"),
+    ]
+
+
+def test_failed_and_erred_tests_are_read_from_pytests_own_junit_report(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from qwen_devtools import testlanes
+
+    (tmp_path / "test_mod.py").write_text(
+        "import pytest\n"
+        "@pytest.fixture\n"
+        "def broken():\n    raise RuntimeError('no cluster')\n"
+        "def test_ok():\n    pass\n"
+        "def test_bad():\n    assert 1 + 1 == 3, 'arithmetic'\n"
+        "def test_setup(broken):\n    pass\n"
+    )
+    report = tmp_path / "kwok-faults.xml"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+         f"--junitxml={report}", "test_mod.py"],
+        cwd=tmp_path, capture_output=True, check=False,
+    )  # fmt: skip
+    failed = testlanes.failures([report])
+    found = {(lane, name.rsplit("::")[1], kind): text for lane, name, kind, text in failed}
+    assert set(found) == {("kwok faults", "test_bad", "failed"), ("kwok faults", "test_setup", "error")}
+    assert "arithmetic" in found["kwok faults", "test_bad", "failed"]
+    assert "no cluster" in found["kwok faults", "test_setup", "error"]
 
 
 def test_make_test_stops_a_demo_holding_the_real_node_and_says_so(

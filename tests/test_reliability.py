@@ -1,7 +1,7 @@
 """What the status says when something is missing, taken or failing, and how failing objects are retried:
 the pure parts (status from observations, failure classification, backoff). The same behaviour against
 the real API server is in e2e/test_operator.py (taken names, generated Secret, refused update),
-e2e/test_faults.py and e2e/test_api_faults.py (faults), e2e/test_real_serving.py (missing Secrets on the
+e2e/test_faults.py and e2e/test_api_faults.py (faults), e2e/test_real_journey.py (missing Secrets on the
 real node, where kubelet reports them)."""
 
 from __future__ import annotations

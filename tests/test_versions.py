@@ -38,9 +38,12 @@ SUFFIXES = {".md", ".yaml", ".yml", ".txt", ".toml", ".sh", ".tpl"}
 NAMES = {"Dockerfile", "Makefile", "go.mod"}
 SKIP_DIRS = {".git", ".venv", ".devcluster", "__pycache__", "node_modules"}
 #: Files that name other versions on purpose: the planner's calibration against start-up logs of older
-#: vLLM releases, and the raw outputs of measurements made with the GPU machine's own PyTorch.
+#: vLLM releases, the raw outputs of measurements made with the GPU machine's own PyTorch, and the
+#: GPU runs' README and results, which name that machine's PyTorch beside the one carried to it.
 OTHER_VERSIONS_ON_PURPOSE = {
     "docs/capacity-planning.md",
+    "tools/measure/gpu/README.md",
+    *(str(p.relative_to(REPO)) for p in (REPO / "tools" / "measure" / "gpu" / "results").rglob("*")),
     *(str(p.relative_to(REPO)) for p in (REPO / "tools" / "measure").glob("*.out.txt")),
 }
 

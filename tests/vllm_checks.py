@@ -30,6 +30,11 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, get_args
 
+# Qwen3's special tokens, from the tooling's one statement of them (a module without imports: this
+# script runs isolated, under the vLLM venv's Python).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
+from qwen_devtools.qwen3_tokens import SPECIAL_TOKENS
+
 QWEN3_32B_CONFIG: dict[str, Any] = {
     "architectures": ["Qwen3ForCausalLM"],
     "attention_bias": False,
@@ -102,15 +107,6 @@ CHECKPOINTS: dict[str, dict[str, Any]] = {
     "Qwen/Qwen3-14B-AWQ": qwen3_config(5120, 17408, 40, 40, tied=False)
     | {"torch_dtype": "float16", "quantization_config": AWQ_CONFIG},
 }
-SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<think>",
-    "</think>",
-    "<tool_call>",
-    "</tool_call>",
-]
 #: Quantization methods whose GPU kernels vLLM picks only on CUDA (on a CPU build it skips the upgrade
 #: of an AWQ checkpoint to its kernel, so --quantization awq_marlin would look like a mismatch).
 GPU_ONLY_OVERRIDES = {"awq", "awq_marlin", "auto_awq", "gptq", "gptq_marlin", "auto_gptq"}
@@ -128,7 +124,7 @@ def write_checkpoint(root: Path, name: str) -> Path:
     vocab = {token: i for i, token in enumerate(["[UNK]", *SPECIAL_TOKENS, "hello", "world"])}
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.add_special_tokens(SPECIAL_TOKENS)
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
     tokenizer.save(str(directory / "tokenizer.json"))
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",

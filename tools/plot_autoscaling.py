@@ -1,4 +1,4 @@
-"""Draw an autoscaling timeline written by e2e/test_real_autoscaling.py: engine replicas (desired and
+"""Draw an autoscaling timeline written by e2e/test_real_journey.py: engine replicas (desired and
 ready) and the deployment's queue depth over time, with the loop's events marked.
 
     python tools/plot_autoscaling.py docs/autoscaling-timeline.json docs/autoscaling-timeline.png

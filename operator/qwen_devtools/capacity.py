@@ -1,6 +1,6 @@
 """The serving capacity of an engine set, from watch events: every version of the engine Deployment
 and of its Service's EndpointSlices the API server sends, so that a dip of a second cannot slip between
-two polls. Tests of transitions (e2e/test_transitions.py, e2e/test_real_serving.py) start one before
+two polls. Tests of transitions (e2e/test_transitions.py, e2e/test_real_journey.py) start one before
 an edit and read the lowest capacity it saw afterwards."""
 
 from __future__ import annotations

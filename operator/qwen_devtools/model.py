@@ -9,16 +9,19 @@ BPE tokenizer that knows ChatML and Qwen3's reasoning and tool-call tokens.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
+from .qwen3_tokens import SPECIAL_TOKENS
 from .vllm_env import vllm_python
 
 #: Run by the vLLM venv's Python: a random 2-layer Qwen3ForCausalLM and a byte-level BPE tokenizer with
 #: ChatML and the special tokens Qwen3's reasoning (<think>) and tool-call (<tool_call>) parsers look up.
 _TINY_MODEL_SCRIPT = r"""
+import json
 import sys
 from pathlib import Path
 
@@ -28,8 +31,7 @@ from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 out = Path(sys.argv[1])
 hidden, layers = int(sys.argv[2]), int(sys.argv[3])
-special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>",
-           "</tool_call>"]
+special = json.loads(sys.argv[4])
 text = ["The quick brown fox jumps over the lazy dog.", "Qwen3 serves chat completions on vLLM.",
         "Kubernetes operators reconcile desired state.", "Hello, world! 0123456789 {}[]():;,.\"'",
         '{"name": "get_weather", "arguments": {"city": "Paris"}}'] * 20
@@ -73,7 +75,15 @@ def build_tiny_model(dest: Path, hidden_size: int = 128, num_layers: int = 2) ->
     """
     dest.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [str(vllm_python()), "-c", _TINY_MODEL_SCRIPT, str(dest), str(hidden_size), str(num_layers)],
+        [
+            str(vllm_python()),
+            "-c",
+            _TINY_MODEL_SCRIPT,
+            str(dest),
+            str(hidden_size),
+            str(num_layers),
+            json.dumps(SPECIAL_TOKENS),
+        ],
         check=True,
         capture_output=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},

@@ -42,7 +42,7 @@ from .procs import stop_group
 DEVTOOLS = [sys.executable, "-m"]
 Steps = tuple[tuple[str, list[str]], ...]
 
-#: Only the tests use it (e2e/test_real_autoscaling.py, e2e/test_monitoring_crds.py): not in DEMO_LANES.
+#: Only the tests use it (e2e/test_real_journey.py, e2e/test_monitoring_crds.py): not in DEMO_LANES.
 MONITORING = (
     "monitoring stack: CRDs, programs, images",
     [*DEVTOOLS, "qwen_devtools.monitoringstack", "build"],

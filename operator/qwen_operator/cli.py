@@ -1,7 +1,8 @@
 """`qwen-operator`: run the operator or its sidecars (lora-sync, activator), or plan and render
 QwenDeployments offline.
 
-Planning and rendering serve reviews, GitOps and CI.
+Planning and rendering serve reviews, GitOps and CI; they (and `crd`) import neither the kubernetes
+client nor kopf, which load only in the commands that talk to a cluster.
 
 Exit codes: 0 valid and fits; 1 invalid or does not fit (each error on stderr as `path: reason`);
 2 usage errors (unreadable file, not a QwenDeployment).
@@ -16,7 +17,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import yaml
 
@@ -27,15 +28,10 @@ from .api.lorafile import DESIRED_FILE, SIDECAR_PORT
 from .api.review import Review, review
 from .api.spec import KIND, SpecError
 from .gateway.wiring import POD
-from .leader import (
-    LEASE_NAME,
-    LEASE_SECONDS,
-    LOST_EXIT_CODE,
-    RENEW_DEADLINE_SECONDS,
-    RETRY_SECONDS,
-    Election,
-    Timing,
-)
+from .lease import LEASE_NAME, LEASE_SECONDS, LOST_EXIT_CODE, RENEW_DEADLINE_SECONDS, RETRY_SECONDS, Timing
+
+if TYPE_CHECKING:
+    from .leader import Election
 
 EXIT_INVALID = 1
 EXIT_USAGE = 2
@@ -399,6 +395,8 @@ def _election(args: argparse.Namespace) -> Election | None:
     )
     if not wanted:
         return None
+    from .leader import Election
+
     if not args.leader_elect_resource_namespace:
         raise UsageError(
             "leader election needs the operator's namespace: set POD_NAMESPACE or pass "

@@ -549,15 +549,21 @@ class Cluster:
 
         None when nodes or cluster-wide pods cannot be read (namespaced installs without those rights).
         """
+        by_node = self.free_gpus_by_node(pool)
+        return None if by_node is None else sum(by_node.values())
+
+    def free_gpus_by_node(self, pool: NodePool) -> dict[str, int] | None:
+        """free_gpus node by node (a replica's GPUs must all be on one node)."""
         if self.caches is not None and (self.caches.nodes.forbidden or self.caches.gpu_pods.forbidden):
             return None
         try:
-            free = 0
+            free: dict[str, int] = {}
             for node in self._nodes():
                 if node.get("spec", {}).get("unschedulable") or not pool.admits(node):
                     continue
                 alloc = int(node.get("status", {}).get("allocatable", {}).get(pool.resource, 0))
-                free += max(alloc - sum(_requested(p, pool.resource) for p in self._pods_on(node)), 0)
+                used = sum(_requested(p, pool.resource) for p in self._pods_on(node))
+                free[node["metadata"]["name"]] = max(alloc - used, 0)
             return free
         except ApiException as exc:
             if exc.status == 403:

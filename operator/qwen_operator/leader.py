@@ -21,7 +21,7 @@ import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import urllib3
@@ -30,44 +30,11 @@ from kubernetes.client.rest import ApiException
 from prometheus_client import Gauge
 
 from .k8s import Leases
+from .lease import LEASE_NAME, Timing
 
 log = logging.getLogger(__name__)
 
-#: How long a Lease stays valid without a renewal: the failover time when a leader dies without
-#: releasing it (SIGKILL, node loss). The defaults of controller-runtime and kube-controller-manager.
-LEASE_SECONDS = 15.0
-#: A leader that could not renew for this long stops (exits): shorter than the Lease, so it is gone
-#: before any other replica may take over, with 5 s to spare for the process to die.
-RENEW_DEADLINE_SECONDS = 10.0
-#: Pause between attempts to acquire or renew; also the longest one API call may take.
-RETRY_SECONDS = 2.0
-#: Name of the Lease in the operator's namespace.
-LEASE_NAME = "qwen-operator"
-#: Exit status after losing the Lease: the pod restarts clean, as a follower (controller-runtime exits
-#: too); a status of its own makes the cause visible in the container's last state.
-LOST_EXIT_CODE = 3
-
 LEADER = Gauge("qwen_operator_leader", "1 while this replica is the leader (runs the reconciles), else 0.")
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Lease duration, renew deadline and retry period, in seconds."""
-
-    lease: float = LEASE_SECONDS
-    renew_deadline: float = RENEW_DEADLINE_SECONDS
-    retry: float = RETRY_SECONDS
-
-    def problems(self) -> list[str]:
-        """Why these durations would be unsafe: a leader must give up before its Lease can expire."""
-        found = []
-        if not self.retry > 0:
-            found.append(f"retry period {self.retry:g} s must be positive")
-        if not self.renew_deadline > self.retry:
-            found.append(f"renew deadline {self.renew_deadline:g} s must exceed the retry period")
-        if not self.lease > self.renew_deadline:
-            found.append(f"lease duration {self.lease:g} s must exceed the renew deadline")
-        return found
 
 
 @dataclass(frozen=True)
@@ -77,7 +44,7 @@ class Election:
     namespace: str
     name: str = LEASE_NAME
     identity: str = ""
-    timing: Timing = Timing()
+    timing: Timing = field(default_factory=Timing)
 
 
 def default_identity() -> str:

@@ -489,8 +489,18 @@ class Settings:
     port: int = SIDECAR_PORT
 
 
+#: Seconds a sync round in flight at SIGTERM may take to finish before the sidecar exits without it.
+STOP_GRACE_SECONDS = 2.0
+
+
 def run(settings: Settings) -> int:
-    """Sync every `interval` seconds until SIGTERM or SIGINT."""
+    """Sync every `interval` seconds until SIGTERM or SIGINT.
+
+    The rounds run in a thread of their own, so that SIGTERM ends the sidecar at once even while a
+    request to the engine is in flight: the pod's containers get SIGTERM together, and an engine whose
+    core has stopped never answers a LoRA load, while its HTTP server waits for that connection to close
+    (vLLM 0.32, seen 2026-12-07): a sidecar that waited out its 120 s read timeout would hold the engine
+    up for as long, up to the pod's grace period."""
     engine = Engine(settings.engine_url, settings.api_key)
     syncer = Syncer(settings.desired_file, engine, settings.model_cache)
     server = serve(settings.host, settings.port, lambda: syncer.report)
@@ -499,12 +509,22 @@ def run(settings: Settings) -> int:
         signal.signal(signum, lambda *_: stop.set())
     log.info("syncing %s into %s every %g s; serving on %s:%d", settings.desired_file, engine.url,
              settings.interval, settings.host, settings.port)  # fmt: skip
-    while not stop.is_set():
-        try:
-            syncer.sync_once()
-        except Exception:  # a bug must not end the sidecar: the next round starts from the engine's state
-            log.exception("sync round failed")
-        stop.wait(settings.interval)
+
+    def rounds() -> None:
+        while not stop.is_set():
+            try:
+                syncer.sync_once()
+            except Exception:  # a bug must not end the sidecar: the next round starts from the engine's state
+                log.exception("sync round failed")
+            stop.wait(settings.interval)
+
+    worker = threading.Thread(target=rounds, name="lora-sync-rounds", daemon=True)
+    worker.start()
+    while not stop.wait(1.0):  # the main thread keeps the signal handlers' turn
+        pass
+    worker.join(STOP_GRACE_SECONDS)
+    if worker.is_alive():
+        log.info("stopping with a request to the engine in flight")
     server.shutdown()
     syncer.executor.shutdown(wait=False, cancel_futures=True)
     return 0

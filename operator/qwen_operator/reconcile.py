@@ -134,10 +134,11 @@ def _reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
     if not rev.ok:
         _observe_refused(cluster, obs, meta)
         return Result(compute_status(obs, previous))
+    free_by_node = cluster.free_gpus_by_node(node_pool(rev))
     facts = ClusterFacts(
-        free_gpus=cluster.free_gpus(node_pool(rev)),
+        free_gpus=None if free_by_node is None else sum(free_by_node.values()),
         missing_crds=cluster.missing_crds(),
-        rollout_under_way=_rollout_under_way(cluster, meta["namespace"], meta["name"]),
+        rollout_under_way=_rollout_under_way(cluster, rev, free_by_node),
         scrapers=engine_scrapers(),
         operator=operator_peer(),
         gateway_holds=_gateway_holds(cluster, rev),
@@ -242,12 +243,30 @@ def _announce_in_place(
     return [f"announced the rollout: {text}"]
 
 
-def _rollout_under_way(cluster: Cluster, ns: str, name: str) -> Rollout | None:
+def _rollout_under_way(cluster: Cluster, rev: Review, free_by_node: dict[str, int] | None) -> Rollout | None:
+    ns, name = rev.resource.metadata.namespace, rev.resource.metadata.name
     engine = cluster.get_named("apps/v1", "Deployment", ns, names.engine_of(name))
     if engine is None:
         return None
-    pods = _running(cluster.pods(ns, name, names.selector_of(name, "engine")))
-    return Rollout.kept(engine, unschedulable=any(_unschedulable(p) for p in pods))
+    pods = cluster.pods(ns, name, names.selector_of(name, "engine"))
+    return Rollout.kept(engine, unschedulable=surge_stuck(pods, free_by_node, rev))
+
+
+def surge_stuck(pods: list[dict[str, Any]], free_by_node: dict[str, int] | None, rev: Review) -> bool:
+    """An engine pod cannot be scheduled for want of what someone else took, so a Surge rollout would
+    wait forever. Not so while another engine pod of the deployment terminates: each surge step after
+    the first scales an old pod down and a new one up at once, and the new one waits for the old one's
+    GPUs (for the engine's whole shutdown timeout). Nor when a node of the pool has a replica's GPUs
+    free again and GPUs were all the pod lacked: the scheduler places it on its next try (GPUs free
+    only spread over nodes place nothing)."""
+    running = _running(pods)
+    waiting = [p for p in running if _unschedulable(p)]
+    if not waiting or len(running) < len(pods):
+        return False
+    if free_by_node is None or max(free_by_node.values(), default=0) < rev.plan.gpus_per_replica:
+        return True
+    lacking = f"Insufficient {node_pool(rev).resource}"
+    return not all(lacking in _scheduling_message(p) for p in waiting)
 
 
 def _gateway_holds(cluster: Cluster, rev: Review) -> bool:
@@ -266,6 +285,15 @@ def _unschedulable(pod: dict[str, Any]) -> bool:
         c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
         for c in pod.get("status", {}).get("conditions", [])
     )
+
+
+def _scheduling_message(pod: dict[str, Any]) -> str:
+    """The scheduler's message on why the pod is not scheduled ("0/7 nodes are available: 1 Insufficient
+    nvidia.com/gpu, ...")."""
+    for c in pod.get("status", {}).get("conditions", []):
+        if c.get("type") == "PodScheduled":
+            return str(c.get("message", ""))
+    return ""
 
 
 #: How often a deployment with a Pending pod is looked at again (not a failure: no backoff): why a pod

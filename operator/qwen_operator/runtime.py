@@ -19,7 +19,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import handlers
 from .k8s import Caches, Cluster, Leases, load_config
-from .leader import LEADER, LOST_EXIT_CODE, Election, Elector
+from .leader import LEADER, Election, Elector
+from .lease import LOST_EXIT_CODE
 from .watchcache import Contact, Informer
 from .workqueue import WorkQueue
 

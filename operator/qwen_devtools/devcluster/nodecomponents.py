@@ -246,6 +246,10 @@ def kubelet_config(layout: NodeLayout) -> dict[str, Any]:
         "imageGCLowThresholdPercent": 99,
         "serializeImagePulls": False,
         "rotateCertificates": False,
+        # Pod syncs every 10 s (default 1m): Secret and ConfigMap volume updates (API-key rotation, the
+        # LoRA desired file) reach the pods in seconds, so the real-node tests wait less. Production
+        # kubelets keep their minute; docs/gateway.md and docs/lora.md say "about a minute".
+        "syncFrequency": "10s",
     }
 
 

@@ -19,10 +19,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .files import REPO, build, stage_tree, stale, write
+from .files import REPO, TARGETS, Target, build, stage_tree, stale, write
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, repo: Path = REPO, targets: tuple[Target, ...] = TARGETS) -> int:
+    """`repo` and `targets`: the checkout written or checked and the files made (a test's tmp copy)."""
     parser = argparse.ArgumentParser(
         prog="python -m qwen_devtools.generate", description=__doc__.splitlines()[0] if __doc__ else None
     )
@@ -32,15 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
         stage = stage_tree(Path(tmp))
-        built = build(stage)
+        built = build(stage, targets)
         if args.check:
-            for rel in stale(stage, built.written):
+            for rel in stale(stage, built.written, repo):
                 print(f"stale: {rel}", file=sys.stderr)
                 failed = True
             if failed:
                 print("run `make generate` and commit the result", file=sys.stderr)
         else:
-            target = args.out_dir or REPO
+            target = args.out_dir or repo
             for rel in built.written:
                 write(target / rel, (stage / rel).read_text())
                 print(f"wrote {target / rel}")

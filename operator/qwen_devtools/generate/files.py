@@ -261,10 +261,10 @@ def stage_tree(tmp: Path) -> Path:
     return stage
 
 
-def build(stage: Path) -> Built:
-    """Write every generated file under `stage` (see stage_tree)."""
+def build(stage: Path, targets: tuple[Target, ...] = TARGETS) -> Built:
+    """Write every generated file (or only `targets`) under `stage` (see stage_tree)."""
     built = Built([], {})
-    for target in TARGETS:
+    for target in targets:
         try:
             text = target.make(stage)
         except MissingPart as part:
@@ -280,11 +280,12 @@ def write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def stale(stage: Path, files: list[Path]) -> list[Path]:
-    """The files whose checked-in text differs from the staged one; prints the start of each diff."""
+def stale(stage: Path, files: list[Path], repo: Path = REPO) -> list[Path]:
+    """The files whose text in the checkout `repo` differs from the staged one; prints the start of each
+    diff."""
     found = []
     for rel in files:
-        current = REPO / rel
+        current = repo / rel
         fresh = (stage / rel).read_text()
         if not current.exists() or current.read_text() != fresh:
             found.append(rel)

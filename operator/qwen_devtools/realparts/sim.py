@@ -14,7 +14,7 @@ its path.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +91,21 @@ H100_8B = GpuTimings(
 )
 
 
+def fixed_pace(inter_token_ms: float) -> GpuTimings:
+    """Timings for tests of what stands in front of the engines, not of the engines: a 2 ms prefill and
+    `inter_token_ms` per output token, without jitter or slow-down when full, so that a stream lasts as
+    long as a test needs (short for speed, long for a stream still running at a given moment)."""
+    return GpuTimings(
+        prefill_overhead_ms=2.0,
+        prefill_per_token_ms=0.0,
+        prefill_std_dev_ms=0.0,
+        inter_token_ms=inter_token_ms,
+        inter_token_std_dev_ms=0.0,
+        load_factor=1.0,
+        row=f"none: a fixed pace of {inter_token_ms:g} ms per token for tests",
+    )
+
+
 def sim_bin() -> Path:
     """The simulator's binary, built from its module into the cache on first use."""
     try:
@@ -109,8 +124,10 @@ def sim_argv(
     max_model_len: int,
     timings: GpuTimings,
     model: str = SERVED_MODEL,
+    extra_args: Sequence[str] = (),
 ) -> list[str]:
-    """One replica serving `model` on loopback with the in-process tokenizer and a prefix cache."""
+    """One replica serving `model` on loopback with the in-process tokenizer and a prefix cache, then
+    `extra_args` (e.g. --log-http: every request's headers and body in its log)."""
     return [
         str(sim_bin()),
         "--model", model,
@@ -124,6 +141,7 @@ def sim_argv(
         "--mode", "random",
         "--seed", str(port),
         *timings.args(),
+        *extra_args,
     ]  # fmt: skip
 
 
@@ -136,14 +154,15 @@ def start_sims(
     timings: GpuTimings = H100_32B,
     log_dir: Path | None = None,
     model: str = SERVED_MODEL,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[list[Proc]]:
     """`count` simulated engines serving `model`, ready (/health 200); all stopped when the block ends,
-    however it ends."""
+    however it ends. `extra_args` go to each one's command line (see sim_argv)."""
     log_dir = log_dir or temp_log_dir()
     procs: list[Proc] = []
     try:
         for port in free_ports(count):
-            argv = sim_argv(port, kv_blocks, max_num_seqs, max_model_len, timings, model)
+            argv = sim_argv(port, kv_blocks, max_num_seqs, max_model_len, timings, model, extra_args)
             # POD_IP names the replica in its KV event topic; --enable-kvcache refuses to start without it.
             procs.append(spawn(f"sim-{port}", argv, log_dir, env={"POD_IP": "127.0.0.1"}, port=port))
         for proc in procs:

@@ -25,10 +25,13 @@ STARTUP_SECONDS_PER_GB = 10
 #: A network-attached volume's sequential read (about 500 MB/s: cloud SSD persistent disks and NFS
 #: caches); local NVMe reads several times faster, so this errs long.
 MODEL_CACHE_READ_BYTES_PER_SECOND = 500e6
-#: vLLM's start-up besides reading the weights, for a 32B model on GPUs: process and CUDA/NCCL
-#: initialisation, torch.compile without a cache, CUDA graph capture and warm-up. A CPU engine took 55 to
-#: 101 s as a pod on this project's real node (docs/dev-cluster.md), most of it torch.compile.
-ENGINE_START_SECONDS = 120
+#: vLLM's start-up besides reading the weights, measured: vLLM 0.32 with the operator's engine command for
+#: Qwen3-32B at TP 1 on an H100 80GB (tools/measure/gpu/results/2026-12-07-h100, dummy weights loaded
+#: in 3.5 s) answered /health 174 s after the process started: 52 s of process start, imports and the
+#: API server, then init engine 118 s (torch.compile without a cache 69 s, the rest of the memory
+#: profile 3 s, KV cache and CUDA graph capture with its estimate's capture 21 s, warm-up). Weight reads
+#: come on top (MODEL_CACHE_READ_BYTES_PER_SECOND, an estimate); TP 2 adds NCCL's set-up (not measured).
+ENGINE_START_SECONDS = 170
 #: The default hold bound is this many expected cold starts: a start slower than twice the estimate is
 #: stuck or loading from a much slower cache, and the client is better told so (503, Retry-After).
 HOLD_COLD_STARTS = 2

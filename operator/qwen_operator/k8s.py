@@ -74,7 +74,7 @@ def _without_managed_fields(obj: Obj) -> Obj:
 
 
 def _slim_node(node: Obj) -> Obj:
-    """What free_gpus and NodePool.admits read of a node."""
+    """What free_gpus_by_node and NodePool.admits read of a node."""
     meta, spec = node["metadata"], node.get("spec") or {}
     return {
         "metadata": {k: meta[k] for k in ("name", "labels", "resourceVersion") if k in meta},
@@ -84,7 +84,7 @@ def _slim_node(node: Obj) -> Obj:
 
 
 def _slim_pod(pod: Obj) -> Obj:
-    """What free_gpus reads of a pod on a node: its node and the resource requests of its containers."""
+    """What free_gpus_by_node reads of a pod on a node: its node and its containers' resource requests."""
     meta = pod["metadata"]
     containers = [
         {"resources": {"requests": (c.get("resources") or {}).get("requests", {})}}
@@ -544,16 +544,12 @@ class Cluster:
         except ApiException as exc:
             return (True, None) if exc.status == 404 and _metric_not_found(exc) else (False, None)
 
-    def free_gpus(self, pool: NodePool) -> int | None:
-        """Allocatable minus requested GPUs on the schedulable nodes of `pool`.
+    def free_gpus_by_node(self, pool: NodePool) -> dict[str, int] | None:
+        """Allocatable minus requested GPUs on each schedulable node of `pool` (a replica's GPUs must all
+        be on one node).
 
         None when nodes or cluster-wide pods cannot be read (namespaced installs without those rights).
         """
-        by_node = self.free_gpus_by_node(pool)
-        return None if by_node is None else sum(by_node.values())
-
-    def free_gpus_by_node(self, pool: NodePool) -> dict[str, int] | None:
-        """free_gpus node by node (a replica's GPUs must all be on one node)."""
         if self.caches is not None and (self.caches.nodes.forbidden or self.caches.gpu_pods.forbidden):
             return None
         try:

@@ -280,20 +280,21 @@ def _gateway_holds(cluster: Cluster, rev: Review) -> bool:
     return all(ACTIVATOR in {c["name"] for c in p["spec"]["containers"]} for p in pods)
 
 
+def _pod_scheduled(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod's PodScheduled condition ({} before the scheduler has looked at it)."""
+    conditions = pod.get("status", {}).get("conditions", [])
+    return next((c for c in conditions if c.get("type") == "PodScheduled"), {})
+
+
 def _unschedulable(pod: dict[str, Any]) -> bool:
-    return any(
-        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
-        for c in pod.get("status", {}).get("conditions", [])
-    )
+    condition = _pod_scheduled(pod)
+    return condition.get("status") == "False" and condition.get("reason") == "Unschedulable"
 
 
 def _scheduling_message(pod: dict[str, Any]) -> str:
     """The scheduler's message on why the pod is not scheduled ("0/7 nodes are available: 1 Insufficient
     nvidia.com/gpu, ...")."""
-    for c in pod.get("status", {}).get("conditions", []):
-        if c.get("type") == "PodScheduled":
-            return str(c.get("message", ""))
-    return ""
+    return str(_pod_scheduled(pod).get("message", ""))
 
 
 #: How often a deployment with a Pending pod is looked at again (not a failure: no backoff): why a pod

@@ -185,8 +185,8 @@ def test_hpa_to_keda_removes_the_hpa_before_the_scaled_object_is_applied(
     """KEDA's admission webhook (on by default in KEDA's chart) refuses a ScaledObject whose target an
     HPA already scales: applied before the operator's HPA was pruned, the switch would fail on every
     reconcile. The operator prunes an autoscaler the spec no longer wants before applying its successor.
-    No KEDA runs here (and the dev cluster's KEDA runs without its webhooks, qwen_devtools.keda): the
-    order is read from the API server's audit log."""
+    No KEDA runs here: the order is read from the API server's audit log (the real-node journey runs
+    KEDA's webhook and checks its refusal, e2e/test_real_journey.py)."""
     body = yaml.safe_load(INPUTS[0].read_text())
     body["metadata"]["namespace"] = namespace
     body["spec"].pop("replicas", None)

@@ -6,11 +6,11 @@ and the real HPA controller); what a loopback process or the kwok cluster proves
 (docs/testing.md says where).
 
 The stack is set up once, in this order: the images loaded into the real node, the monitoring stack
-(prometheus-operator, Prometheus, prometheus-adapter), KEDA (its operator and metrics API server, built
-from its Go module), the chart's operator pod under its RBAC, then the dev QwenDeployment
-(examples/dev/cpu-real-node.yaml; TP 1 and eager here: the steps that run two engines at once do it on 2
-cores; `make demo` serves the TP-2 default) with its monitors. The steps, in file order, each an edit of
-the deployment that serves:
+(prometheus-operator, Prometheus, prometheus-adapter), KEDA (its operator, metrics API server and
+admission webhooks, built from its Go module), the chart's operator pod under its RBAC, then the dev
+QwenDeployment (examples/dev/cpu-real-node.yaml; TP 1 and eager here: the steps that run two engines at
+once do it on 2 cores; `make demo` serves the TP-2 default) with its monitors. The steps, in file order,
+each an edit of the deployment that serves:
 
 1. served: a chat answered by the engine pod on the real node; Ready only once the engine passes its
    readiness probe; the slow start survived; the operator is a pod of the chart; the router discovers
@@ -39,9 +39,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import secrets
 import shutil
+import signal
 import threading
 import time
 import urllib.error
@@ -278,16 +280,24 @@ def _chat_ok(journey: Journey, prompt: str = "Say hello.") -> str:
 class _Traffic:
     """Chat requests through the gateway, one after another, until stopped: every status kept."""
 
-    def __init__(self, journey: Journey, key: str, pause: float = 0.3) -> None:
-        self.journey, self.key, self.pause = journey, key, pause
+    def __init__(self, journey: Journey, key: str, pause: float = 0.3, timeout: float = 120) -> None:
+        self.journey, self.key, self.pause, self.timeout = journey, key, pause, timeout
         self.results: list[int] = []
+        self.sent: list[float] = []  # when each of them was sent (time.time())
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            status, _ = serving.chat(self.journey.url, self.key, "Count to three.", max_tokens=4, timeout=120)
+            sent = time.time()
+            try:
+                status, _ = serving.chat(
+                    self.journey.url, self.key, "Count to three.", max_tokens=4, timeout=self.timeout
+                )
+            except OSError:  # no answer in time, or the connection reset: a failed request
+                status = 0
             self.results.append(status)
+            self.sent.append(sent)
             time.sleep(self.pause)
 
     def __enter__(self) -> _Traffic:
@@ -782,6 +792,92 @@ def test_autoscaling_turned_off_and_on_again_at_two_engines_keeps_both(journey: 
     print(f"[transitions] autoscaling off/on: {len(t.results)} requests, 0 failed, capacity kept 2/2")
 
 
+def _container_pids(container_id: str) -> list[int]:
+    """The host PIDs of one container's processes: those whose cgroup path names its containerd id (the
+    real node's kubelet uses the cgroupfs driver, .../pod<uid>/<container id>)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                if container_id in (proc / "cgroup").read_text():
+                    pids.append(int(proc.name))
+    return pids
+
+
+def _events_of(journey: Journey, pod: str, since: float) -> list[dict[str, Any]]:
+    events = journey.get("get", "events", "--field-selector", f"involvedObject.name={pod}")["items"]
+    stamp = lambda e: serving.timestamp(e.get("lastTimestamp") or e["eventTime"])  # noqa: E731
+    return sorted((e for e in events if stamp(e) >= since - 1), key=stamp)
+
+
+#: The engine's liveness probe fails 6 times 15 s apart, each after a 10 s timeout (manifests/engine.py).
+LIVENESS_VERDICT_SECONDS = 6 * 15 + 10
+
+
+def test_a_hung_engine_is_restarted_by_its_liveness_probe_while_the_other_serves(journey: Journey) -> None:
+    """One of the two engines hangs (SIGSTOP to every process of its container: /health answers nothing).
+    Readiness takes it out of the router's set within seconds, so requests keep being answered by the
+    other; the liveness probe gives its verdict after six failures 15 s apart and the kubelet kills the
+    container after the probe's own 30 s grace (api/drains.py: a hung engine drains nothing, so not the
+    pod's 120 s), then starts it again in the same pod. (Its start-up is not waited for: the next step
+    scales in, and the ReplicaSet removes a pod that is not Ready first.)"""
+    engines = journey.engines()
+    assert len(engines) == 2, "runs at two engines"
+    hung = engines[0]
+    name = hung["metadata"]["name"]
+    (status,) = [c for c in hung["status"]["containerStatuses"] if c["name"] == "vllm"]
+    container_id = status["containerID"].removeprefix("containerd://")
+    pids = _container_pids(container_id)
+    assert pids, f"no process of container {container_id} found"
+    restarts = status["restartCount"]
+    with _Traffic(journey, journey.key, timeout=20) as traffic:
+        time.sleep(5)
+        frozen = time.time()
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_until(
+                lambda: _condition(journey.get("get", "pod", name), "Ready").get("status") == "False",
+                60,
+                "the hung engine not Ready",
+                interval=1,
+            )
+            unready = time.time()
+
+            def restarted() -> dict[str, Any] | None:
+                pod = journey.get("get", "pod", name)
+                (c,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "vllm"]
+                return c if c["restartCount"] > restarts else None
+
+            after = wait_until(restarted, LIVENESS_VERDICT_SECONDS + 120, "the kubelet's restart", interval=2)
+        finally:
+            for pid in pids:  # only if the kubelet has not killed them (a failure above)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        time.sleep(5)  # requests after the restart: still the other engine's
+    events = _events_of(journey, name, frozen)
+    # the kubelet's verdict: "Container vllm failed liveness probe, will be restarted"
+    (killing,) = [e for e in events if e["reason"] == "Killing" and "liveness" in e["message"]]
+    killed = serving.timestamp(killing.get("lastTimestamp") or killing["eventTime"])
+    terminated = after["lastState"]["terminated"]
+    exited = serving.timestamp(terminated["finishedAt"])
+    assert terminated["exitCode"] == 137, terminated  # SIGKILL: a stopped process takes no SIGTERM
+    assert LIVENESS_VERDICT_SECONDS - 30 <= killed - frozen <= LIVENESS_VERDICT_SECONDS + 30, killed - frozen
+    assert exited - killed <= 30 + 5, (killed, exited)  # the probe's grace, not the pod's 120 s
+    # Requests sent once the hung pod had left the router's set were all answered by the other engine.
+    late = [s for s, t in zip(traffic.results, traffic.sent, strict=True) if t >= unready + 2]
+    assert late and set(late) == {200}, late
+    running = after["state"].get("running", {}).get("startedAt")
+    started = f"{serving.timestamp(running) - frozen:.0f} s" if running else f"not yet ({after['state']})"
+    early = [s for s, t in zip(traffic.results, traffic.sent, strict=True) if t < unready + 2]
+    print(
+        f"\n[liveness] engine {name} hung at 0 s: not Ready after {unready - frozen:.0f} s, killed after "
+        f"{killed - frozen:.0f} s (exit {terminated['exitCode']} {exited - killed:.0f} s later), started "
+        f"again after {started}; {len(traffic.results)} requests, {len(traffic.failed())} failed (the "
+        f"statuses of those sent before it left the router's set: {early})"
+    )
+
+
 def test_without_a_queue_the_hpa_scales_back_to_its_minimum(journey: Journey) -> None:
     """minReplicas back to 1 and no scale-down window any more (a behaviour edit): with no queue the HPA
     removes the second engine at its next look."""
@@ -1064,22 +1160,47 @@ def _zero_report(journey: Journey) -> None:
     print(f"[scale-to-zero] the scale-up's writer: {journey.scaler}; written to {path}")
 
 
+def _scaled_object_refused(journey: Journey) -> str:
+    """A second ScaledObject for the engines, created with a server-side dry run: KEDA's admission webhook
+    (in the dev cluster as its chart installs it) answers; the refusal's message, "" when admitted."""
+    scaled = {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": f"{NAME}-second", "namespace": NAMESPACE},
+        "spec": {
+            "scaleTargetRef": {"name": ENGINE},
+            "triggers": [
+                {
+                    "type": "prometheus",
+                    "metadata": {"serverAddress": PROMETHEUS, "query": "vector(0)", "threshold": "1"},
+                }
+            ],
+        },
+    }
+    result = journey.cluster.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=json.dumps(scaled), check=False
+    )
+    return "" if result.returncode == 0 else result.stderr.strip()
+
+
 def test_keda_runs_on_the_real_node_and_the_hpa_gives_way_to_its_scaled_object(journey: Journey) -> None:
-    """hpa -> keda at minReplicas 0: the operator's HPA is pruned before the ScaledObject is applied (the
-    order the kwok test reads from the audit log), and KEDA's ScaledObject is Ready."""
+    """hpa -> keda at minReplicas 0, with KEDA's admission webhook running (issue 39 item 6): it refuses a
+    ScaledObject whose target an HPA scales, so the switch works only because the operator prunes its HPA
+    before it applies the ScaledObject (the order the kwok test reads from the audit log). KEDA's
+    ScaledObject is then Ready."""
     pods = journey.kubectl_json("-n", keda.NAMESPACE, "get", "pods")["items"]
     running = {p["metadata"]["labels"]["app"]: p for p in pods if p["status"].get("phase") == "Running"}
-    assert set(running) == {keda.OPERATOR, keda.METRICS_APISERVER}, list(running)
+    assert set(running) == set(keda.DEPLOYMENTS), list(running)
     assert all(p["spec"]["nodeName"] == NODE_NAME for p in running.values())
     images = {name: p["spec"]["containers"][0]["image"] for name, p in running.items()}
-    assert images == {
-        keda.OPERATOR: keda.KEDA_IMAGE,
-        keda.METRICS_APISERVER: keda.KEDA_METRICS_APISERVER_IMAGE,
-    }
+    assert images == keda.DEPLOYMENTS
     resources = json.loads(
         journey.cluster.kubectl("get", "--raw", f"/apis/{keda.EXTERNAL_METRICS_GROUP}/v1beta1").stdout
     )
     assert [r["name"] for r in resources["resources"]] == ["externalmetrics"], resources
+    # The webhook answers, and would refuse a ScaledObject applied while the operator's HPA exists.
+    refused = _scaled_object_refused(journey)
+    assert f"is already managed by the hpa '{ENGINE}'" in refused, refused
 
     journey.zero_mark("edit to minReplicas 0")
     journey.patch({"autoscaling": KEDA_AT_ZERO})
@@ -1095,6 +1216,8 @@ def test_keda_runs_on_the_real_node_and_the_hpa_gives_way_to_its_scaled_object(j
     # KEDA's own HPA is keda-hpa-<name>; the operator's (named like the engines) is gone
     hpas = {h["metadata"]["name"] for h in journey.get("get", "hpa")["items"]}
     assert hpas == {f"keda-hpa-{ENGINE}"}, hpas
+    refused = _scaled_object_refused(journey)  # now the HPA of the operator's ScaledObject holds it
+    assert f"is already managed by the hpa 'keda-hpa-{ENGINE}'" in refused, refused
 
 
 def test_at_zero_concurrent_requests_wake_one_engine_and_are_all_answered(journey: Journey) -> None:
@@ -1196,18 +1319,28 @@ HOLD_SECONDS = 45
 def test_with_no_engine_able_to_start_held_requests_get_the_json_503_at_the_bound(journey: Journey) -> None:
     """A deployment at zero whose model cache does not exist: the woken engine pod cannot start, so a held
     request gets the JSON 503 at holdSeconds and a held stream its keep-alive comments, then an error event
-    and the end of the stream; neither hangs."""
+    and the end of the stream; neither hangs. Its gateway holds two requests (maxHeldRequests 2), both
+    taken by team-a's key: team-b's request is still held, in the place of team-a's newest, which gets the
+    JSON 503 `overloaded` at once (issue 39 item 9, through the gateway pod and its mounted keys)."""
+    keys = {team: f"sk-{secrets.token_urlsafe(24)}" for team in ("team-a", "team-b")}
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": f"{NO_CACHE}-keys", "namespace": NAMESPACE},
+        "stringData": keys,
+    }
+    journey.cluster.kubectl("apply", "-f", "-", input=json.dumps(secret))
     body = serving.dev_qwendeployment(name=NO_CACHE, namespace=NAMESPACE)
     spec = body["spec"]
     spec.pop("replicas", None)
     spec["model"]["cache"]["claimName"] = "no-such-cache"
-    spec["gateway"]["apiKeysSecret"] = journey.qwd()["spec"]["gateway"]["apiKeysSecret"]
+    spec["gateway"]["apiKeysSecret"] = secret["metadata"]["name"]
     spec["autoscaling"] = {
         "driver": "keda",
         "prometheusAddress": PROMETHEUS,
         "minReplicas": 0,
         "maxReplicas": 1,
-        "scaleToZero": {"idleSeconds": IDLE_SECONDS, "holdSeconds": HOLD_SECONDS},
+        "scaleToZero": {"idleSeconds": IDLE_SECONDS, "holdSeconds": HOLD_SECONDS, "maxHeldRequests": 2},
     }
     spec["monitoring"] = _body()["spec"]["monitoring"]  # the PodMonitor the wake is read through
     serving.apply(journey.cluster, body)
@@ -1221,7 +1354,7 @@ def test_with_no_engine_able_to_start_held_requests_get_the_json_503_at_the_boun
     url = serving.service_url(journey.cluster, NAMESPACE, NO_CACHE)
 
     def listed() -> bool:  # the Service routes to the pod (its endpoints lag the pod's readiness)
-        return http_get(f"{url}/v1/models", 10, _auth(journey.key), serving.CLUSTER_NETWORKS)[0] == 200
+        return http_get(f"{url}/v1/models", 10, _auth(keys["team-a"]), serving.CLUSTER_NETWORKS)[0] == 200
 
     wait_until(listed, 60, f"{NO_CACHE}'s gateway Service to answer", interval=1)
     # A new deployment's PodMonitor reaches Prometheus through prometheus-operator's configuration Secret
@@ -1230,12 +1363,23 @@ def test_with_no_engine_able_to_start_held_requests_get_the_json_503_at_the_boun
     wait_until(
         lambda: monitoringstack.prometheus_query(journey.cluster, held), 180, f"{NO_CACHE}'s held series", 2
     )
-    started = time.monotonic()
-    with ThreadPoolExecutor(2) as pool:
-        streamed = pool.submit(_stream, url, journey.key, "Anyone streaming?")
-        status, error = serving.chat(url, journey.key, "Anyone there?", 16, 120)
-        waited = time.monotonic() - started
+
+    def timed_chat(key: str, prompt: str) -> tuple[int, str, float]:
+        sent = time.monotonic()
+        status, error = serving.chat(url, key, prompt, 16, 120)
+        return status, error, time.monotonic() - sent
+
+    with ThreadPoolExecutor(3) as pool:
+        streamed = pool.submit(_stream, url, keys["team-a"], "Anyone streaming?")
+        time.sleep(2)  # the stream is team-a's older held request, this one its newest
+        newest = pool.submit(timed_chat, keys["team-a"], "Anyone there?")
+        time.sleep(2)
+        other = pool.submit(timed_chat, keys["team-b"], "Anyone there for team-b?")
+        evicted, evicted_error, evicted_after = newest.result()
+        status, error, waited = other.result()
         lines = streamed.result()
+    assert evicted == 503 and json.loads(evicted_error)["error"]["code"] == "overloaded", evicted_error
+    assert evicted_after < HOLD_SECONDS / 2, evicted_after  # ended when team-b came, not at the bound
     assert status == 503, (status, error)
     assert json.loads(error)["error"]["code"] == "no_engine_available", error
     assert HOLD_SECONDS <= waited < HOLD_SECONDS + 10, waited
@@ -1252,8 +1396,10 @@ def test_with_no_engine_able_to_start_held_requests_get_the_json_503_at_the_boun
     unscheduled = _condition(engine, "PodScheduled")
     assert 'persistentvolumeclaim "no-such-cache" not found' in unscheduled.get("message", ""), unscheduled
     print(
-        f"\n[scale-to-zero] {NO_CACHE}: 503 after {waited:.1f} s (holdSeconds {HOLD_SECONDS}), the stream "
-        f"got {len(comments)} comment(s) then its error event; the woken engine pod: {unscheduled['message']}"
+        f"\n[scale-to-zero] {NO_CACHE}: team-a's newest held request ended 503 overloaded after "
+        f"{evicted_after:.1f} s when team-b's came; team-b's 503 after {waited:.1f} s (holdSeconds "
+        f"{HOLD_SECONDS}), the stream got {len(comments)} comment(s) then its error event; the woken "
+        f"engine pod: {unscheduled['message']}"
     )
     journey.cluster.kubectl("-n", NAMESPACE, "delete", "qwd", NO_CACHE, "--wait=false")
 

@@ -241,6 +241,11 @@ EXPECTED_CONFIG = {
         (),
         "65532:65532",
     ),
+    "keda-admission-webhooks": (
+        ("/keda-admission-webhooks", "--zap-log-level=info", "--zap-encoder=console"),
+        (),
+        "65532:65532",
+    ),
     # the upstream images' entrypoints (the gateway pod passes only args to them)
     "nginxlog-exporter": (("/prometheus-nginxlog-exporter",), (), ""),
     "nginx-exporter": (("/usr/bin/nginx-prometheus-exporter",), (), "65534:65534"),
@@ -268,6 +273,11 @@ def test_a_built_archive_has_the_entrypoint_cmd_and_user(name: str) -> None:
 KEDA_IMAGES = {
     "keda": ("ghcr.io/kedacore/keda", "keda", "./cmd/operator"),
     "keda-metrics-apiserver": ("ghcr.io/kedacore/keda-metrics-apiserver", "keda-adapter", "./cmd/adapter"),
+    "keda-admission-webhooks": (
+        "ghcr.io/kedacore/keda-admission-webhooks",
+        "keda-admission-webhooks",
+        "./cmd/webhooks",
+    ),
 }
 
 
@@ -277,7 +287,11 @@ def test_keda_images_are_upstreams_references_around_the_pinned_programs(name: s
     spec = SPECS[name]
     tag = versions.KEDA.removeprefix("v")  # KEDA's images are tagged 2.21.0 for the tag v2.21.0
     assert spec.ref == f"{repository}:{tag}"
-    assert spec.ref in {versions.KEDA_IMAGE, versions.KEDA_METRICS_APISERVER_IMAGE}
+    assert spec.ref in {
+        versions.KEDA_IMAGE,
+        versions.KEDA_METRICS_APISERVER_IMAGE,
+        versions.KEDA_WEBHOOKS_IMAGE,
+    }
     assert spec.pins == {"MODULE": versions.KEDA_MODULE, "VERSION": versions.KEDA}
     assert spec.base_arg is None and spec.program is not None
     assert keda.PROGRAMS[binary] == package
@@ -295,7 +309,7 @@ def test_keda_images_are_upstreams_references_around_the_pinned_programs(name: s
 
 def test_the_keda_images_differ_in_key_and_follow_the_pin(tmp_path: Path) -> None:
     keys = {name: content_key(SPECS[name], "base-1") for name in KEDA_IMAGES}
-    assert len(set(keys.values())) == 2
+    assert len(set(keys.values())) == len(KEDA_IMAGES)
     other = dataclasses.replace(SPECS["keda"], pins={**SPECS["keda"].pins, "VERSION": "v2.21.1"})
     assert content_key(other, "base-1") != keys["keda"]
 

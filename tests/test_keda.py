@@ -99,12 +99,12 @@ def test_a_go_older_than_the_modules_go_line_is_refused_with_the_release_to_inst
         gotools.require_go(_fake_go(tmp_path, "go1.26.8"), module, "m")
 
 
-def test_the_dev_cluster_install_binds_the_roles_and_trusts_one_ca_for_both_services() -> None:
+def test_the_dev_cluster_install_binds_the_roles_and_trusts_one_ca_for_every_service() -> None:
     """What `keda up` applies (qwen_devtools.keda.stack_objects): the generated roles bound to the one
-    ServiceAccount both programs run as, both Deployments on the real node from the pinned images, and one
-    certificate, signed by the CA the APIService trusts, for both Services' names (the metrics API server
-    serves with it and presents it to the operator's gRPC service). Run for real:
-    e2e/test_real_journey.py."""
+    ServiceAccount the three programs run as, the three Deployments on the real node from the pinned
+    images, and one certificate, signed by the CA the APIService and every admission webhook trust, for
+    the three Services' names (the metrics API server serves with it and presents it to the operator's
+    gRPC service; the webhooks serve with it). Run for real: e2e/test_real_journey.py."""
     import base64
 
     from cryptography import x509
@@ -113,7 +113,7 @@ def test_the_dev_cluster_install_binds_the_roles_and_trusts_one_ca_for_both_serv
     from qwen_devtools.devcluster import pki
 
     _generated()
-    names = keda.dns_names(keda.OPERATOR) + keda.dns_names(keda.METRICS_APISERVER)
+    names = [name for service in keda.DEPLOYMENTS for name in keda.dns_names(service)]
     objects = keda.stack_objects(pki.service_tls("test-ca", names))
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for obj in objects:
@@ -127,6 +127,7 @@ def test_the_dev_cluster_install_binds_the_roles_and_trusts_one_ca_for_both_serv
     assert {n: s["containers"][0]["image"] for n, s in deployments.items()} == {
         keda.OPERATOR: versions.KEDA_IMAGE,
         keda.METRICS_APISERVER: versions.KEDA_METRICS_APISERVER_IMAGE,
+        keda.WEBHOOKS: versions.KEDA_WEBHOOKS_IMAGE,
     }
     assert all(s["serviceAccountName"] == keda.ACCOUNT for s in deployments.values())
     assert all(s["nodeSelector"] == {"qwenops.dev/real-node": "true"} for s in deployments.values())
@@ -135,6 +136,14 @@ def test_the_dev_cluster_install_binds_the_roles_and_trusts_one_ca_for_both_serv
     tls = {k: base64.b64decode(v) for k, v in secret["data"].items()}
     (service,) = by_kind["APIService"]
     assert base64.b64decode(service["spec"]["caBundle"]) == tls["ca.crt"]
+    # KEDA's chart's default: the webhooks on, each calling the webhooks' Service with the same CA
+    (config,) = by_kind["ValidatingWebhookConfiguration"]
+    hooks = {w["name"]: w["clientConfig"] for w in config["webhooks"]}
+    assert "vscaledobject.kb.io" in hooks, sorted(hooks)
+    assert {c["service"]["name"] for c in hooks.values()} == {keda.WEBHOOKS}
+    assert {base64.b64decode(c["caBundle"]) for c in hooks.values()} == {tls["ca.crt"]}
+    (webhook_service,) = [s for s in by_kind["Service"] if s["metadata"]["name"] == keda.WEBHOOKS]
+    assert {p["port"]: p["targetPort"] for p in webhook_service["spec"]["ports"]}[443] == 9443
     ca, cert = x509.load_pem_x509_certificate(tls["ca.crt"]), x509.load_pem_x509_certificate(tls["tls.crt"])
     ca_key = ca.public_key()
     assert isinstance(ca_key, ec.EllipticCurvePublicKey)
@@ -143,3 +152,4 @@ def test_the_dev_cluster_install_binds_the_roles_and_trusts_one_ca_for_both_serv
     assert set(sans.get_values_for_type(x509.DNSName)) == set(names)
     assert "keda-operator.keda.svc.cluster.local" in names  # the adapter's --metrics-service-address
     assert f"{keda.METRICS_APISERVER}.keda.svc" in names  # the aggregator's name for the APIService
+    assert f"{keda.WEBHOOKS}.keda.svc" in names  # the name the API server calls a webhook Service by

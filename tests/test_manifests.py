@@ -107,6 +107,21 @@ def test_startup_probe_budget_grows_with_the_weights() -> None:
     assert probe["periodSeconds"] * probe["failureThreshold"] >= startup_seconds(bf16)
 
 
+@pytest.mark.parametrize(("grace", "hung"), [(120, 30), (31, 30), (30, None), (0, None)])
+def test_a_hung_engine_is_killed_after_the_liveness_probes_grace_not_the_drains(
+    grace: int, hung: int | None
+) -> None:
+    """A liveness kill waits the probe's terminationGracePeriodSeconds when it is shorter than the
+    pod's (the drain of a rollout); an engine that answers nothing drains nothing. Run for real:
+    e2e/test_real_journey.py (a SIGSTOPped engine killed 30 s after the verdict)."""
+    rev = _review(engine={"terminationGracePeriodSeconds": grace})
+    pod = _engine(build_all(rev))["spec"]["template"]["spec"]
+    liveness = pod["containers"][0]["livenessProbe"]
+    assert pod["terminationGracePeriodSeconds"] == grace
+    assert liveness.get("terminationGracePeriodSeconds") == hung
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] == 90
+
+
 def test_api_keys_come_from_secrets_never_literals() -> None:
     rev = _review(
         engine={"apiKeySecret": {"name": "engine-key"}},

@@ -1,10 +1,11 @@
-"""KEDA for the dev cluster: its operator (`keda`, cmd/operator) and metrics API server (`keda-adapter`,
-cmd/adapter) built from the Go module github.com/kedacore/keda/v2 at the pinned tag, and the test-only
-images at the upstream paths (images/keda, images/keda-metrics-apiserver) for the real node.
+"""KEDA for the dev cluster: its operator (`keda`, cmd/operator), metrics API server (`keda-adapter`,
+cmd/adapter) and admission webhooks (`keda-admission-webhooks`, cmd/webhooks) built from the Go module
+github.com/kedacore/keda/v2 at the pinned tag, and the test-only images at the upstream paths
+(images/keda, images/keda-metrics-apiserver, images/keda-admission-webhooks) for the real node.
 
     python -m qwen_devtools.keda build                # programs, images, roles, eventing CRDs (cached)
     python -m qwen_devtools.keda programs             # only the programs; prints their paths
-    python -m qwen_devtools.keda generate             # only the roles and eventing CRDs; prints their dir
+    python -m qwen_devtools.keda generate             # only the roles, eventing CRDs, webhook config
     python -m qwen_devtools.keda load --name NAME     # the images into a dev cluster's real node
     python -m qwen_devtools.keda up --name NAME       # KEDA running on the real node (needs the real node)
     python -m qwen_devtools.keda down --name NAME
@@ -12,14 +13,16 @@ images at the upstream paths (images/keda, images/keda-metrics-apiserver) for th
 The programs are static (CGO off) and stamped as KEDA's Makefile stamps a release (`version.Version`
 without the tag's "v", `version.GitCommit`); the keda.sh CRDs come from qwen_devtools.monitoringstack.
 The operator's ClusterRole and Role are generated from the `+kubebuilder:rbac` markers of that Go
-source, and the eventing.keda.sh CRDs the operator also watches from its API types. `up` runs both as
-pods on the real node in namespace `keda`, as KEDA's own config/ (kustomize) deploys them: the operator
-and the metrics API server under the ServiceAccount keda-operator, the metrics API server's RBAC
-(delegated authentication, the HPA controller reading external metrics) and the APIService
-v1beta1.external.metrics.k8s.io. The TLS between the API server, the metrics API server and the operator's
-gRPC metrics service uses a throw-away CA made here (Secret kedaorg-certs, the APIService's caBundle)
-instead of the operator's --enable-cert-rotation, which waits for the kubelet to sync the Secret it writes
-into its own volume (a minute or more) and restarts itself. The admission webhooks are left out.
+source, and the eventing.keda.sh CRDs the operator also watches from its API types. `up` runs all three
+as pods on the real node in namespace `keda`, as KEDA's own config/ (kustomize) deploys them: the operator,
+the metrics API server and the admission webhooks under the ServiceAccount keda-operator, the metrics API
+server's RBAC (delegated authentication, the HPA controller reading external metrics), the APIService
+v1beta1.external.metrics.k8s.io and the ValidatingWebhookConfiguration keda-admission (the module's
+config/webhooks file, as KEDA's chart installs it by default: a ScaledObject whose target another HPA or
+ScaledObject scales is refused). The TLS between the API server, the metrics API server, the webhooks and
+the operator's gRPC metrics service uses a throw-away CA made here (Secret kedaorg-certs, the APIService's
+and the webhooks' caBundle) instead of the operator's --enable-cert-rotation, which waits for the kubelet
+to sync the Secret it writes into its own volume (a minute or more) and restarts itself.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from qwen_operator.versions import (
     KEDA_IMAGE,
     KEDA_METRICS_APISERVER_IMAGE,
     KEDA_MODULE,
+    KEDA_WEBHOOKS_IMAGE,
 )
 
 from .cache import cache_dir
@@ -56,17 +60,26 @@ CACHE_NAME = "keda"
 #: Upstream's binaries and their main packages (KEDA's Makefile: `make manager`, `make adapter`).
 OPERATOR_BINARY = "keda"
 ADAPTER_BINARY = "keda-adapter"
-PROGRAMS = {OPERATOR_BINARY: "./cmd/operator", ADAPTER_BINARY: "./cmd/adapter"}
+WEBHOOKS_BINARY = "keda-admission-webhooks"
+PROGRAMS = {
+    OPERATOR_BINARY: "./cmd/operator",
+    ADAPTER_BINARY: "./cmd/adapter",
+    WEBHOOKS_BINARY: "./cmd/webhooks",  # `make webhooks`
+}
 #: The images (qwen_devtools.images names), the operator's first.
-IMAGES = ("keda", "keda-metrics-apiserver")
+IMAGES = ("keda", "keda-metrics-apiserver", "keda-admission-webhooks")
 #: The operator's roles as KEDA's `make manifests` generates them (its CONTROLLER_GEN_PATHS), and its
 #: eventing CRDs with the options of that target.
 OPERATOR_ROLE = "keda-operator"
 RBAC_PATHS = ("./apis/...", "./controllers/...", "./pkg/...")
 EVENTING_APIS = "./apis/eventing/v1alpha1/."
 EVENTING_CRD_OPTIONS = "crd:crdVersions=v1,generateEmbeddedObjectMeta=true"
+#: The admission webhooks' ValidatingWebhookConfiguration as the module ships it (not Go: copied, not
+#: generated), and the name it is kept under.
+WEBHOOK_CONFIG_SOURCE = "config/webhooks/validation_webhooks.yaml"
+WEBHOOK_CONFIG_FILE = "validation_webhooks.yaml"
 #: Bump when the generation changes in a way the versions do not show.
-GENERATED_RECIPE = 1
+GENERATED_RECIPE = 2
 
 
 def log(message: str) -> None:
@@ -106,6 +119,11 @@ def metrics_apiserver_bin() -> Path:
     return _program(ADAPTER_BINARY)
 
 
+def webhooks_bin() -> Path:
+    """KEDA's admission webhooks, `keda-admission-webhooks` (cmd/webhooks): validate keda.sh objects."""
+    return _program(WEBHOOKS_BINARY)
+
+
 def generated_dir() -> Path:
     """Where the roles and CRDs generated for the pinned versions are (a MANIFEST file marks them done)."""
     return cache_dir() / f"keda-generated-{KEDA}-cg{CONTROLLER_TOOLS}-r{GENERATED_RECIPE}"
@@ -119,7 +137,8 @@ def generate() -> Path:
       Secrets), from the `+kubebuilder:rbac` markers (``rbac:roleName=keda-operator`` over
       CONTROLLER_GEN_PATHS; the same file as the module's config/rbac/role.yaml);
     - the eventing.keda.sh CRDs (CloudEventSource, ClusterCloudEventSource) of ./apis/eventing/v1alpha1:
-      the operator starts their controllers unconditionally, so a cluster that runs it needs them.
+      the operator starts their controllers unconditionally, so a cluster that runs it needs them;
+    - ``validation_webhooks.yaml``: the module's ValidatingWebhookConfiguration, copied as it is.
     """
     out = generated_dir()
     if (out / "MANIFEST").is_file():
@@ -151,6 +170,7 @@ def generate() -> Path:
             [EVENTING_CRD_OPTIONS, f"paths={EVENTING_APIS}", f"output:crd:dir={partial}"],
         ):
             subprocess.run([controller_gen, *argv], cwd=work, check=True, env=env)
+        shutil.copyfile(work / WEBHOOK_CONFIG_SOURCE, partial / WEBHOOK_CONFIG_FILE)
     files = sorted(path.name for path in partial.glob("*.yaml"))
     manifest = {"keda": KEDA, "controller-tools": CONTROLLER_TOOLS, "files": files}
     (partial / "MANIFEST").write_text(json.dumps(manifest, indent=1))
@@ -170,8 +190,14 @@ def eventing_crd_files() -> list[Path]:
     return sorted(generate().glob("eventing.keda.sh_*.yaml"))
 
 
+def webhook_configuration() -> dict[str, Any]:
+    """The module's ValidatingWebhookConfiguration `keda-admission` (Service keda-admission-webhooks)."""
+    return dict(yaml.safe_load((generate() / WEBHOOK_CONFIG_FILE).read_text()))
+
+
 def build() -> None:
-    """Both programs, both images, the operator's roles and the eventing CRDs, built once (cached)."""
+    """The three programs and images, the operator's roles, the eventing CRDs and the webhooks'
+    configuration, built once (cached)."""
     from . import images  # podman is only needed here
 
     started = time.monotonic()
@@ -198,6 +224,8 @@ NAMESPACE = "keda"
 ACCOUNT = OPERATOR_ROLE
 OPERATOR = "keda-operator"
 METRICS_APISERVER = "keda-metrics-apiserver"
+WEBHOOKS = "keda-admission-webhooks"
+WEBHOOK_CONFIGURATION = "keda-admission"
 CERT_SECRET = "kedaorg-certs"
 EXTERNAL_METRICS_GROUP = "external.metrics.k8s.io"
 API_SERVICE = f"v1beta1.{EXTERNAL_METRICS_GROUP}"
@@ -333,6 +361,22 @@ def _service(name: str, ports: dict[str, tuple[int, int]]) -> dict[str, Any]:
     }
 
 
+def webhook_objects(ca: bytes) -> list[dict[str, Any]]:
+    """The webhooks' ValidatingWebhookConfiguration with this CA as every webhook's caBundle (what KEDA's
+    certificate rotation patches in), labelled as the stack's."""
+    import base64
+
+    config = webhook_configuration()
+    if config["metadata"]["name"] != WEBHOOK_CONFIGURATION:
+        raise RuntimeError(f"KEDA {KEDA} renamed its webhook configuration: {config['metadata']['name']}")
+    config["metadata"] = _meta(WEBHOOK_CONFIGURATION, None, **config["metadata"].get("labels", {}))
+    for webhook in config["webhooks"]:
+        if webhook["clientConfig"]["service"]["name"] != WEBHOOKS:
+            raise RuntimeError(f"KEDA {KEDA}'s webhook {webhook['name']} calls another Service")
+        webhook["clientConfig"]["caBundle"] = base64.b64encode(ca).decode()
+    return [config]
+
+
 def dns_names(service: str) -> list[str]:
     """A Service's names as KEDA's certificate manager lists them (pkg/certificates)."""
     return [service, *(f"{service}.{NAMESPACE}{suffix}" for suffix in ("", ".svc", ".svc.cluster.local"))]
@@ -368,6 +412,13 @@ def stack_objects(tls: dict[str, bytes]) -> list[dict[str, Any]]:
         {"httpGet": {"path": "/readyz", "port": 6443, "scheme": "HTTPS"}},
         [6443, 8080],
     )
+    webhooks = _deployment(
+        WEBHOOKS,
+        KEDA_WEBHOOKS_IMAGE,
+        ["--zap-time-encoding=rfc3339"],
+        {"httpGet": {"path": "/readyz", "port": 8081}},
+        [9443, 8080, 8081],
+    )
     api_service = {
         "apiVersion": "apiregistration.k8s.io/v1",
         "kind": "APIService",
@@ -388,9 +439,12 @@ def stack_objects(tls: dict[str, bytes]) -> list[dict[str, Any]]:
         secret,
         _service(OPERATOR, {"metricsservice": (9666, 9666), "metrics": (8080, 8080)}),
         _service(METRICS_APISERVER, {"https": (443, 6443), "metrics": (8080, 8080)}),
+        _service(WEBHOOKS, {"https": (443, 9443), "metrics": (8080, 8080)}),
         operator,
         metrics_apiserver,
+        webhooks,
         api_service,
+        *webhook_objects(tls["ca.crt"]),
     ]
 
 
@@ -405,9 +459,20 @@ def _available(cluster: Cluster) -> bool:
     return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
 
 
+#: KEDA's Deployments and the images they run.
+DEPLOYMENTS = {
+    OPERATOR: KEDA_IMAGE,
+    METRICS_APISERVER: KEDA_METRICS_APISERVER_IMAGE,
+    WEBHOOKS: KEDA_WEBHOOKS_IMAGE,
+}
+
+
 def is_up(cluster: Cluster) -> bool:
-    """Both Deployments are available with this version's images and the APIService serves."""
-    for name, image in ((OPERATOR, KEDA_IMAGE), (METRICS_APISERVER, KEDA_METRICS_APISERVER_IMAGE)):
+    """Every Deployment is available with this version's image, the APIService serves and the webhooks
+    are configured."""
+    if _kubectl_json(cluster, "get", "validatingwebhookconfiguration", WEBHOOK_CONFIGURATION) is None:
+        return False
+    for name, image in DEPLOYMENTS.items():
         dep = _kubectl_json(cluster, "-n", NAMESPACE, "get", "deployment", name)
         if not dep or dep["spec"]["template"]["spec"]["containers"][0]["image"] != image:
             return False
@@ -437,13 +502,14 @@ def up(cluster: Cluster, timeout: float = STACK_TIMEOUT) -> None:
         "apply", "--server-side", "--force-conflicts", "--field-manager=qwen-keda-stack",
         *(f"--filename={path}" for path in eventing_crd_files()), timeout=120,
     )  # fmt: skip
-    tls = pki.service_tls("qwen-devcluster-keda", dns_names(OPERATOR) + dns_names(METRICS_APISERVER))
+    names = [name for service in DEPLOYMENTS for name in dns_names(service)]
+    tls = pki.service_tls("qwen-devcluster-keda", names)
     cluster.kubectl(
         "apply", "--server-side", "--force-conflicts", "--field-manager=qwen-keda-stack", "-f", "-",
         input=yaml.safe_dump_all(stack_objects(tls)), timeout=120,
     )  # fmt: skip
-    log("applied KEDA's operator and metrics API server; waiting for them")
-    for name in (OPERATOR, METRICS_APISERVER):
+    log("applied KEDA's operator, metrics API server and admission webhooks; waiting for them")
+    for name in DEPLOYMENTS:
         cluster.kubectl(
             "-n", NAMESPACE, "rollout", "status", f"deployment/{name}", f"--timeout={timeout:.0f}s",
             timeout=timeout + 10,
@@ -455,10 +521,14 @@ def up(cluster: Cluster, timeout: float = STACK_TIMEOUT) -> None:
 
 
 def down(cluster: Cluster, crds: bool = False) -> None:
-    """Remove what `up` applied (the APIService first: an unavailable aggregated API slows discovery for
+    """Remove what `up` applied (the webhooks' configuration and the APIService first: a webhook without
+    its pod costs every keda.sh write a failed call, an unavailable aggregated API slows discovery for
     every client); with ``crds`` the eventing.keda.sh CRDs `up` installed too (the keda.sh ones are the
     monitoring stack's: its `down --crds`). Delete ScaledObjects before: KEDA removes their finalizer;
     any left with it afterwards lose it (release_finalized)."""
+    cluster.kubectl(
+        "delete", "validatingwebhookconfiguration", "--ignore-not-found", WEBHOOK_CONFIGURATION, check=False
+    )  # fmt: skip
     cluster.kubectl("delete", "apiservice", "--ignore-not-found", API_SERVICE, check=False)
     from . import monitoringstack
 
@@ -512,17 +582,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser(
-        "build", help="the two Go programs, their images, the roles and eventing CRDs (cached)"
+        "build", help="the three Go programs, their images, the roles, eventing CRDs, webhook config (cached)"
     )
-    commands.add_parser("programs", help="only the two Go programs (cached); prints their paths")
-    commands.add_parser("generate", help="only the operator's roles and the eventing CRDs (cached)")
+    commands.add_parser("programs", help="only the three Go programs (cached); prints their paths")
+    commands.add_parser(
+        "generate", help="only the operator's roles, the eventing CRDs and the webhook config (cached)"
+    )
     from .devcluster.cluster import add_cluster_commands  # not at import: see the cycle above
 
     subs = add_cluster_commands(
         commands,
         {
             "load": "import the images into a dev cluster's real node",
-            "up": "run KEDA on a dev cluster's real node (images, CRDs, RBAC, Deployments, APIService)",
+            "up": "run KEDA on a dev cluster's real node (images, CRDs, RBAC, Deployments, APIService, "
+            "webhooks)",
             "down": "remove KEDA from a dev cluster",
         },
     )
@@ -532,6 +605,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "programs":
             print(operator_bin())
             print(metrics_apiserver_bin())
+            print(webhooks_bin())
         elif args.command == "generate":
             print(generate())
         elif args.command == "build":

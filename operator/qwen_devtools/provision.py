@@ -47,9 +47,9 @@ MONITORING = (
     "monitoring stack: CRDs, programs, images",
     [*DEVTOOLS, "qwen_devtools.monitoringstack", "build"],
 )
-#: KEDA's operator and metrics API server, built from its Go module: the scaler that takes engines to
-#: zero and back on the dev cluster. Not in DEMO_LANES either.
-KEDA = ("KEDA: operator, metrics API server, images", [*DEVTOOLS, "qwen_devtools.keda", "build"])
+#: KEDA's operator, metrics API server and admission webhooks, built from its Go module: the scaler that
+#: takes engines to zero and back on the dev cluster. Not in DEMO_LANES either.
+KEDA = ("KEDA: operator, metrics API server, webhooks, images", [*DEVTOOLS, "qwen_devtools.keda", "build"])
 #: Steps of the tests only: not in DEMO_LANES.
 TESTS_ONLY = (MONITORING, KEDA)
 #: Each lane's steps in order: (what, argv). Later steps of a lane may need earlier ones (the engine

@@ -61,8 +61,8 @@ PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator
 PROMETHEUS_OPERATOR = "v0.93.0"
 #: controller-gen (sigs.k8s.io/controller-tools), which writes CRDs from Go API types.
 CONTROLLER_TOOLS = "v0.23.0"
-#: KEDA: its keda.sh/v1alpha1 types give the ScaledObject CRD, and its operator and metrics API server,
-#: built from the same module (qwen_devtools.keda), run on the dev cluster's real node.
+#: KEDA: its keda.sh/v1alpha1 types give the ScaledObject CRD, and its operator, metrics API server and
+#: admission webhooks, built from the same module (qwen_devtools.keda), run on the dev cluster's real node.
 KEDA_MODULE = "github.com/kedacore/keda/v2"
 KEDA = "v2.21.0"
 #: Prometheus of the stack: prometheus-operator v0.93.0's default (the newest of its compatibility
@@ -84,6 +84,7 @@ PROMETHEUS_ADAPTER_IMAGE = f"registry.k8s.io/prometheus-adapter/prometheus-adapt
 #: KEDA's images are tagged without the tag's leading "v".
 KEDA_IMAGE = f"ghcr.io/kedacore/keda:{KEDA.removeprefix('v')}"
 KEDA_METRICS_APISERVER_IMAGE = f"ghcr.io/kedacore/keda-metrics-apiserver:{KEDA.removeprefix('v')}"
+KEDA_WEBHOOKS_IMAGE = f"ghcr.io/kedacore/keda-admission-webhooks:{KEDA.removeprefix('v')}"
 
 
 # --- What the benchmarks run (make bench) ---------------------------------------------------------------

@@ -103,6 +103,12 @@ def _stand_ins() -> list[tuple[str, str, str, str]]:
             f"{v.KEDA_MODULE}@{v.KEDA} ./cmd/adapter",
             keda,
         ),
+        (
+            v.KEDA_WEBHOOKS_IMAGE,
+            "keda-admission-webhooks",
+            f"{v.KEDA_MODULE}@{v.KEDA} ./cmd/webhooks",
+            keda,
+        ),
     ]
 
 

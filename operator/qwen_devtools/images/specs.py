@@ -17,7 +17,7 @@ from pathlib import Path
 
 from qwen_operator import versions
 
-from ..keda import metrics_apiserver_bin, operator_bin
+from ..keda import metrics_apiserver_bin, operator_bin, webhooks_bin
 from ..realparts.exporters import nginx_exporter_bin, nginxlog_exporter_bin
 from ..repo import REPO
 from ..vllm_env import vllm_venv
@@ -161,6 +161,13 @@ SPECS: dict[str, ImageSpec] = {
             versions.KEDA_MODULE,
             versions.KEDA,
             metrics_apiserver_bin,
+        ),
+        _go_program_image(
+            "keda-admission-webhooks",
+            versions.KEDA_WEBHOOKS_IMAGE,
+            versions.KEDA_MODULE,
+            versions.KEDA,
+            webhooks_bin,
         ),
     )
 }

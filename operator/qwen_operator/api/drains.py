@@ -16,6 +16,11 @@ gateway
     request timeout capped at GATEWAY_DRAIN_CAP_SECONDS, so that one gateway pod cannot hold a node drain
     for the two hours a 128K-token request may take.
 
+A hung engine is different: the kubelet kills it once its liveness probe has failed, and a process that
+answers nothing drains nothing. That kill waits ENGINE_HUNG_GRACE_SECONDS (the liveness probe's own
+terminationGracePeriodSeconds), not the drain's grace period, so that a wedged engine gives its GPUs back
+in seconds.
+
 Requests that arrive at a draining pod are not lost: the router retries a request another engine can
 take before its response starts, and clients reach other gateway pods through the Service.
 """
@@ -28,6 +33,10 @@ from .spec import QwenDeploymentSpec
 ENGINE_PRESTOP_SECONDS = 10
 #: Left of the engine's grace period after vLLM's drain, for it to exit before SIGKILL.
 EXIT_MARGIN_SECONDS = 5
+#: How long the kubelet waits to kill an engine whose liveness probe failed: the preStop sleep, then SIGTERM,
+#: then SIGKILL after the rest (the liveness probe's terminationGracePeriodSeconds; never longer than the
+#: pod's own grace period).
+ENGINE_HUNG_GRACE_SECONDS = 30
 #: The gateway's preStop sleep (the Service drops the pod) plus the time nginx and the router take to exit.
 GATEWAY_STOP_SECONDS = 15
 #: The default gateway drain: the request timeout, at most this.
@@ -38,6 +47,12 @@ def engine_drain_seconds(spec: QwenDeploymentSpec) -> int:
     """vLLM's --shutdown-timeout: what the engine's grace period leaves after preStop and exit."""
     grace = spec.engine.termination_grace_period_seconds
     return max(0, grace - ENGINE_PRESTOP_SECONDS - EXIT_MARGIN_SECONDS)
+
+
+def engine_hung_grace_seconds(spec: QwenDeploymentSpec) -> int | None:
+    """The liveness probe's terminationGracePeriodSeconds; None (the pod's) when that is no longer."""
+    grace = spec.engine.termination_grace_period_seconds
+    return ENGINE_HUNG_GRACE_SECONDS if grace > ENGINE_HUNG_GRACE_SECONDS else None
 
 
 def gateway_grace_seconds(spec: QwenDeploymentSpec, request_timeout: int) -> int:

@@ -8,7 +8,7 @@ from typing import Any
 from .. import names
 from ..api.catalog import DEFAULT_ENGINE_IMAGE
 from ..api.coldstart import startup_budget_seconds
-from ..api.drains import ENGINE_PRESTOP_SECONDS
+from ..api.drains import ENGINE_PRESTOP_SECONDS, engine_hung_grace_seconds
 from ..api.engine import ENGINE_COMMAND, ENGINE_PORT, engine_args
 from ..api.lorafile import SIDECAR_PORT
 from ..api.pool import NodePool
@@ -96,6 +96,13 @@ def _volumes(review: Review) -> list[dict[str, Any]]:
     return volumes + ([lora_volume(review)] if spec.lora else [])
 
 
+def _liveness_probe(review: Review, probe: dict[str, Any]) -> dict[str, Any]:
+    """Restart an engine that has not answered /health for 90 s; killed sooner than a drain (api/drains)."""
+    liveness = {**probe, "periodSeconds": 15, "failureThreshold": 6, "timeoutSeconds": 10}
+    grace = engine_hung_grace_seconds(review.resource.spec)
+    return liveness if grace is None else {**liveness, "terminationGracePeriodSeconds": grace}
+
+
 def _container(review: Review) -> dict[str, Any]:
     spec = review.resource.spec
     e = spec.engine
@@ -132,7 +139,7 @@ def _container(review: Review) -> dict[str, Any]:
             "timeoutSeconds": 5,
         },
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5},
-        "livenessProbe": {**probe, "periodSeconds": 15, "failureThreshold": 6, "timeoutSeconds": 10},
+        "livenessProbe": _liveness_probe(review, probe),
         # Leave the gateway time to stop routing here before vLLM starts refusing requests.
         "lifecycle": {"preStop": {"sleep": {"seconds": ENGINE_PRESTOP_SECONDS}}},
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},

@@ -804,10 +804,14 @@ def _container_pids(container_id: str) -> list[int]:
     return pids
 
 
+def _event_time(event: dict[str, Any]) -> float:
+    return serving.timestamp(event.get("lastTimestamp") or event["eventTime"])
+
+
 def _events_of(journey: Journey, pod: str, since: float) -> list[dict[str, Any]]:
+    """The pod's Events last seen since `since`, oldest first."""
     events = journey.get("get", "events", "--field-selector", f"involvedObject.name={pod}")["items"]
-    stamp = lambda e: serving.timestamp(e.get("lastTimestamp") or e["eventTime"])  # noqa: E731
-    return sorted((e for e in events if stamp(e) >= since - 1), key=stamp)
+    return sorted((e for e in events if _event_time(e) >= since - 1), key=_event_time)
 
 
 #: The engine's liveness probe fails 6 times 15 s apart, each after a 10 s timeout (manifests/engine.py).
@@ -858,7 +862,7 @@ def test_a_hung_engine_is_restarted_by_its_liveness_probe_while_the_other_serves
     events = _events_of(journey, name, frozen)
     # the kubelet's verdict: "Container vllm failed liveness probe, will be restarted"
     (killing,) = [e for e in events if e["reason"] == "Killing" and "liveness" in e["message"]]
-    killed = serving.timestamp(killing.get("lastTimestamp") or killing["eventTime"])
+    killed = _event_time(killing)
     terminated = after["lastState"]["terminated"]
     exited = serving.timestamp(terminated["finishedAt"])
     assert terminated["exitCode"] == 137, terminated  # SIGKILL: a stopped process takes no SIGTERM

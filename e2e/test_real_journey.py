@@ -54,6 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anthropic
+import openai
 import pytest
 
 from qwen_devtools import keda, monitoringstack, serving
@@ -325,6 +327,30 @@ def test_chat_completion_through_the_gateway_is_answered_on_the_real_node(journe
     assert _engine_requests(engine) == before + 1  # this engine, no other, answered
     status, body = serving.chat(journey.url, "sk-not-a-key", "hi")
     assert status == 401, body
+    # Anthropic's Messages API and OpenAI's Responses API, with their SDKs, through the gateway pod: the
+    # router sends the engine key itself on these routes (its --api-key, expanded by the kubelet from
+    # the engine-key Secret), which only a real pod shows (tests/test_engine_live.py has the rest).
+    check_destination(journey.url, serving.CLUSTER_NETWORKS)
+    claude = anthropic.Anthropic(
+        api_key=journey.key,
+        base_url=journey.url,
+        max_retries=0,
+        timeout=120,
+        http_client=anthropic.DefaultHttpxClient(trust_env=False),
+    )
+    message = claude.messages.create(
+        model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "Say hello."}]
+    )
+    assert message.type == "message" and message.usage.output_tokens > 0
+    responses = openai.OpenAI(
+        api_key=journey.key,
+        base_url=f"{journey.url}/v1",
+        max_retries=0,
+        timeout=120,
+        http_client=openai.DefaultHttpxClient(trust_env=False),
+    ).responses
+    assert responses.create(model=MODEL, input="Say hello.", max_output_tokens=4).output
+    assert _engine_requests(engine) == before + 3
 
 
 def test_ready_only_once_an_engine_passes_readiness(journey: Journey) -> None:

@@ -254,12 +254,14 @@ def test_chat_completions_and_models(live: Live) -> None:
     assert [m["id"] for m in models.json()["data"]] == [SERVED_MODEL]
 
 
-def _timed_stream(stack: GatewayStack, body: dict[str, Any]) -> tuple[list[str], list[float]]:
-    """The events of a streamed completion and the time (s) each arrived, read as they come."""
+def _timed_stream(
+    stack: GatewayStack, body: dict[str, Any], route: str = "/v1/completions"
+) -> tuple[list[str], list[float]]:
+    """The events of a streamed answer and the time (s) each arrived, read as they come."""
     start = time.monotonic()
     arrivals: list[float] = []
     events: list[str] = []
-    with _post(stack, "/v1/completions", body) as response:
+    with _post(stack, route, body) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         assert response.headers["transfer-encoding"] == "chunked"
@@ -291,14 +293,16 @@ def test_streaming_from_the_engines_is_complete(live: Live) -> None:
     assert sum(bool(c["choices"] and c["choices"][0]["text"]) for c in chunks) > 100
 
 
-def test_streaming_forwards_each_event_at_once(live: Live) -> None:
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/responses", "/v1/messages"])
+def test_streaming_forwards_each_event_at_once(live: Live, route: str) -> None:
     """An upstream that sends an event every 100 ms, behind the same rendered gateway: each event must
     reach the client when it is sent (an engine's own pacing varies with its load: too irregular to
-    judge by)."""
+    judge by). On each kind of route: vllm-router forwards the Responses and Messages APIs by another
+    path (its transparent proxy) than completions."""
     with start_paced_sse_source(count=20, interval=0.1) as source:
         stack = start_gateway_stack(live.review, [source.url], KEYS, ENGINE_KEY)
         try:
-            events, arrivals = _timed_stream(stack, _completion(stream=True))
+            events, arrivals = _timed_stream(stack, _completion(stream=True), route)
         finally:
             stack.stop()
     assert events[-1] == "[DONE]" and len(events) == 21
@@ -589,7 +593,10 @@ def test_the_exporters_log_rotates_under_load_and_keeps_counting(live: Live) -> 
             f" at most {lost_at_most} to miss"
         )
         assert sent - lost_at_most <= counted() <= sent
-        assert log.stat().st_size <= limit + 200 * line  # what one check interval adds at this rate
+        # at most what one check interval adds at this rate (a slower machine sends fewer, a busier one
+        # checks late: the rate measured here is what the bound follows)
+        interval = gateway.nginx.RELOAD_INTERVAL_SECONDS
+        assert log.stat().st_size <= limit + (int(rate * interval) + 1) * line
 
 
 def _assert_documented(urls: list[str]) -> None:

@@ -197,7 +197,7 @@ def test_nginx_sends_only_the_routers_own_503_of_a_post_to_the_activator() -> No
     assert '"router|POST" hold;' in conf
     assert "proxy_pass http://activator$uri$is_args$args;" in overloaded
     # The in-flight cap and an engine's JSON 503 are answered by nginx, as without holding.
-    assert 'code":"overloaded"' in overloaded and 'code":"no_engine_available"' in overloaded
+    assert "return 503 $error_overloaded;" in overloaded and "return 503 $error_no_engine;" in overloaded
     # nginx waits for the activator as long as a hold plus a request may last.
     r = to_zero()
     h = r.holding
@@ -254,7 +254,8 @@ def test_the_client_routes_are_the_same_as_above_zero() -> None:
         body["spec"].pop("replicas", None)
         body["spec"]["autoscaling"] = {"minReplicas": min_replicas, "maxReplicas": 2, **KEDA}
         conf = config_files(review(body))["nginx.conf"]
-        start = conf.index("location ~ ^/v1/(chat/completions|completions|models)$")
+        routes = "chat/completions|completions|messages|messages/count_tokens|models"
+        start = conf.index(f"location ~ ^/v1/({routes})$")
         return conf[start : conf.index("\n        }\n", start)]
 
     # but for recursive error pages, which let @overloaded's proxying to the activator fail as JSON

@@ -51,6 +51,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from .clientapis import api_of, error_payload
+
 log = logging.getLogger("qwen.activator")
 
 #: A cold start of a 32B engine takes minutes: buckets up to an hour.
@@ -94,8 +96,18 @@ class Settings:
     held_bytes_budget: int = HELD_BYTES_BUDGET  # smaller in tests
 
 
-def error_body(code: str, message: str) -> dict[str, object]:
-    return {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+def error_body(path: str, code: str, message: str, status: int = 503) -> dict[str, object]:
+    """An error of the activator's own, in the shape of the request's API (OpenAI's, or Anthropic's on
+    /v1/messages)."""
+    return error_payload(api_of(path), status, code, message)
+
+
+def error_event(path: str, error: dict[str, object]) -> bytes:
+    """The last event of a held stream that ends in `error`: Anthropic's `error` event, or the OpenAI
+    routes' error data line and [DONE]."""
+    if api_of(path) == "anthropic":
+        return f"event: error\ndata: {json.dumps(error)}\n\n".encode()
+    return f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode()
 
 
 def wants_stream(body: bytes | bytearray) -> bool:
@@ -225,14 +237,17 @@ class Activator:
 
     # --- requests ---------------------------------------------------------------------------------
 
-    def _error(self, code: str, message: str) -> web.Response:
+    def _error(self, request: web.Request, code: str, message: str) -> web.Response:
         return web.json_response(
-            error_body(code, message), status=503, headers={"Retry-After": str(self.s.retry_after_seconds)}
+            error_body(request.path, code, message),
+            status=503,
+            headers={"Retry-After": str(self.s.retry_after_seconds)},
         )
 
-    def _memory_full(self) -> web.Response:
+    def _memory_full(self, request: web.Request) -> web.Response:
         self.metrics.rejected.inc()
         return self._error(
+            request,
             "overloaded",
             "The requests waiting in this gateway pod for an engine to start fill its memory; retry later.",
         )
@@ -246,7 +261,7 @@ class Activator:
             declared = request.content_length
             if declared is not None:
                 if declared > self.s.held_bytes_budget - self.held_bytes:
-                    return self._memory_full()
+                    return self._memory_full(request)
                 counted = declared
                 self.held_bytes += counted
             body = bytearray(counted)  # filled in place: no copy of the whole body while it grows
@@ -256,7 +271,7 @@ class Activator:
                     end = size + len(chunk)
                     if end > counted:
                         if end - counted > self.s.held_bytes_budget - self.held_bytes:
-                            return self._memory_full()
+                            return self._memory_full(request)
                         self.held_bytes += end - counted
                         counted = end
                     body[size:end] = chunk
@@ -273,6 +288,7 @@ class Activator:
         if not self._admit(waiter):
             self.metrics.rejected.inc()
             return self._error(
+                request,
                 "overloaded",
                 f"{self.s.max_held} requests already wait in this gateway pod for an engine to start; "
                 "retry later.",
@@ -306,9 +322,8 @@ class Activator:
                 message = f"No engine became ready within {self.s.hold_seconds:g} s; retry later."
                 log.info("timeout %s after %.1f s", waiter.request_id, self._age(waiter))
             if stream is None:
-                return self._error(code, message)
-            event = json.dumps(error_body(code, message))
-            await stream.write(f"data: {event}\n\ndata: [DONE]\n\n".encode())
+                return self._error(request, code, message)
+            await stream.write(error_event(request.path, error_body(request.path, code, message)))
             await stream.write_eof()
             return stream
         except ConnectionError:  # the client left: nothing to answer
@@ -360,7 +375,7 @@ class Activator:
             waiter.forwarded = True
             self.metrics.wait.labels("forwarded").observe(self._age(waiter))
             if stream is not None:
-                await self._relay_into_stream(upstream, stream)
+                await self._relay_into_stream(request.path, upstream, stream)
                 return stream
             response = web.StreamResponse(
                 status=upstream.status, headers=forwarded_headers(upstream.headers.items())
@@ -372,7 +387,9 @@ class Activator:
             return response
 
     @staticmethod
-    async def _relay_into_stream(upstream: aiohttp.ClientResponse, stream: web.StreamResponse) -> None:
+    async def _relay_into_stream(
+        path: str, upstream: aiohttp.ClientResponse, stream: web.StreamResponse
+    ) -> None:
         """The engine's events into a stream already answered 200; an error answer becomes an error event."""
         if upstream.status == 200:
             async for chunk in upstream.content.iter_any():
@@ -384,8 +401,9 @@ class Activator:
             except ValueError:
                 event = None
             if not (isinstance(event, dict) and "error" in event):  # an engine's own error passes as it is
-                event = error_body("upstream_error", f"The engine answered {upstream.status}: {text[:500]}")
-            await stream.write(f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode())
+                message = f"The engine answered {upstream.status}: {text[:500]}"
+                event = error_body(path, "upstream_error", message, upstream.status)
+            await stream.write(error_event(path, event))
         await stream.write_eof()
 
     # --- metrics port -----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .api.spec import QwenDeployment, SecretKeyRef
+from .api.spec import GatewayTier, QwenDeployment, SecretKeyRef
 
 LABEL_PREFIX = "qwenops.dev"
 FIELD_MANAGER = "qwen-operator"
@@ -67,6 +67,14 @@ def engine_key(qd: QwenDeployment) -> SecretKeyRef | None:
     if not qd.spec.gateway.enabled:
         return None
     return SecretKeyRef(name=generated_engine_key(qd), key=GENERATED_ENGINE_KEY)
+
+
+def tier_engine_key(tier: GatewayTier) -> SecretKeyRef:
+    """The key a tier's engines require (spec.gateway.tiers[].engineKeySecret, else the tier deployment's
+    generated one); a tier whose engines require none has no such Secret."""
+    return tier.engine_key_secret or SecretKeyRef(
+        name=generated_engine_key_of(tier.deployment_ref.name), key=GENERATED_ENGINE_KEY
+    )
 
 
 def lora(qd: QwenDeployment) -> str:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .clientapis import TRAFFIC_ROUTES
+
 #: vLLM 0.32 series read by the rules (the only place they are named for alerts, adapter and KEDA).
 VLLM_WAITING = "vllm:num_requests_waiting"
 VLLM_KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
@@ -91,8 +93,6 @@ def recording_rules(namespace: str | None = None, deployment: str | None = None)
 #: The gateway's held requests (its activator, autoscaling.minReplicas 0) and its requests by route.
 GATEWAY_HELD = "qwen_gateway_held_requests"
 GATEWAY_RESPONSES = "qwen_gateway_http_response_count_total"
-#: Routes whose requests count as traffic for the idle scale-down (listing the models wakes nothing).
-TRAFFIC_ROUTES = "/v1/chat/completions|/v1/completions"
 #: The `error` label (nginx.conf's $gateway_error) of answers to requests the gateway admitted: past the
 #: API key, the key's model access and its rate limit, passed to vllm-router. Only these count as
 #: traffic: a 401, 403 or 429, and nginx's own 4xx (which it answers before the key is looked at: 413,
@@ -113,9 +113,8 @@ def gateway_traffic_query(namespace: str, deployment: str, window: str) -> str:
     the window. A gateway pod's counter of a route and status appears with its first answer, already
     above zero, so rate() and increase(), which need two samples, never see the answers that created it
     (a wake's whole burst)."""
-    matchers = (
-        f'{scope(namespace, deployment)},route=~"{TRAFFIC_ROUTES}",error=~"{"|".join(ADMITTED_ERRORS)}"'
-    )
+    routes, admitted = "|".join(TRAFFIC_ROUTES), "|".join(ADMITTED_ERRORS)
+    matchers = f'{scope(namespace, deployment)},route=~"{routes}",error=~"{admitted}"'
     series = f"{GATEWAY_RESPONSES}{{{matchers}}}"
     return (
         f"(sum(increase({series}[{window}])) or vector(0))"

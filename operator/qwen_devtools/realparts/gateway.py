@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -18,6 +19,7 @@ from pathlib import Path
 from qwen_operator import gateway
 from qwen_operator.api.review import Review
 from qwen_operator.gateway import Wiring
+from qwen_operator.gateway.router import ENGINE_KEY_ENV, tier_engine_key_env
 
 from ..net import LOOPBACK, free_ports, http_post, metric_sum
 from ..procs import Proc, spawn, wait_ready
@@ -196,17 +198,34 @@ def start_gateway_stack(
     return stack
 
 
+def _secret_env(name: str, key_file: str) -> dict[str, str]:
+    """The variable the pod takes from a Secret (manifests/gateway.py), from the file the test wrote
+    for the same Secret; none where the test wrote none (an optional Secret that does not exist)."""
+    path = Path(key_file)
+    return {name: path.read_text()} if path.is_file() else {}
+
+
+def kubelet_args(args: list[str], env: Mapping[str, str]) -> list[str]:
+    """`args` as the kubelet passes them: each $(NAME) of the container's environment expanded, others
+    left as written."""
+    return [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), a) for a in args]
+
+
+def _start_router(name: str, args: list[str], env: dict[str, str], logs: Path, port: int) -> Proc:
+    env = gateway.router_env() | env
+    return spawn(name, [str(vllm_router_bin()), *kubelet_args(args, env)], logs, env=env, port=port)
+
+
 def _start_gateway_parts(stack: GatewayStack, review: Review, logs: Path, timeout: float) -> None:
     w = stack.wiring
-    router_argv = [str(vllm_router_bin()), *gateway.router_args(review, w)]
-    router = spawn("router", router_argv, logs, env=gateway.router_env(), port=w.router_port)
+    key_env = _secret_env(ENGINE_KEY_ENV, w.engine_key_file)
+    router = _start_router("router", gateway.router_args(review, w), key_env, logs, w.router_port)
     stack.procs["router"] = router
     tier_routers = []
     for i in range(len(w.tier_worker_urls)):
-        argv = [str(vllm_router_bin()), *gateway.tier_router_args(review, i, w)]
-        tier_routers.append(
-            spawn(f"router-tier{i}", argv, logs, env=gateway.router_env(), port=w.tier_router_port(i))
-        )
+        key_env = _secret_env(tier_engine_key_env(i), w.tier_engine_key_file(i))
+        args = gateway.tier_router_args(review, i, w)
+        tier_routers.append(_start_router(f"router-tier{i}", args, key_env, logs, w.tier_router_port(i)))
         stack.procs[f"router-tier{i}"] = tier_routers[-1]
     exporter = spawn(
         "log-exporter",

@@ -41,7 +41,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         print("POST", self.path, flush=True)
-        if self.path not in ("/v1/completions", "/v1/chat/completions"):
+        if self.path not in ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"):
             self._send(404, json.dumps({"detail": "Not Found"}))
             return
         self.send_response(200)

@@ -2,7 +2,8 @@
 
 One gateway pod runs four containers and no code of this project in the request path:
   nginx            API keys from a Secret (reloaded gracefully on change), per-key limit_req, a hard
-                   in-flight cap, OpenAI routes only, unbuffered streaming, JSON access logs;
+                   in-flight cap, the OpenAI and Anthropic routes only (errors in each API's shape),
+                   unbuffered streaming, JSON access logs;
   vllm-router      on loopback: routing policy, Kubernetes discovery of the engine pods, retries before
                    the first byte, circuit breaker, health checks, bounded admission queue;
   log exporter     prometheus-nginxlog-exporter turns the access log (a file it tails) into per-key
@@ -21,7 +22,7 @@ from .config import GatewayConfig, config_files
 from .exporters import LATENCY_BUCKETS, LOG_METRICS_NAMESPACE, log_exporter_config, nginx_exporter_args
 from .holding import activator_args
 from .limits import Limits
-from .nginx import ACCESS_LOG_SIZE_LIMIT, OPENAI_ROUTES, nginx_conf, run_nginx_script
+from .nginx import ACCESS_LOG_SIZE_LIMIT, nginx_conf, run_nginx_script
 from .router import balance_abs_threshold, router_args, router_env, tier_router_args
 from .wiring import ACTIVATOR_METRICS_PORT, GATEWAY_METRICS_PORTS, POD, SERVICE_ACCOUNT_DIR, Wiring
 
@@ -31,7 +32,6 @@ __all__ = [
     "GATEWAY_METRICS_PORTS",
     "LATENCY_BUCKETS",
     "LOG_METRICS_NAMESPACE",
-    "OPENAI_ROUTES",
     "POD",
     "SERVICE_ACCOUNT_DIR",
     "GatewayConfig",

@@ -1,10 +1,20 @@
-"""The errors nginx and vllm-router produce themselves, as the OpenAI-style JSON errors the gateway sends
-instead of nginx's HTML pages and vllm-router's plain text (nginx.conf's error_page locations)."""
+"""The errors nginx, vllm-router and the gateway's own checks produce, as the JSON errors of the API the
+request was for, instead of nginx's HTML pages and vllm-router's plain text (nginx.conf's error_page
+locations): OpenAI's `{"error": {...}}` on the OpenAI routes (chat, completions, responses, models) and
+Anthropic's `{"type": "error", "error": {...}}` on /v1/messages, so that each API's SDK raises its own
+exception class. The engines' own errors pass unchanged: vLLM writes each route's errors in its API's shape.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
+
+from ..clientapis import Api, error_payload
+
+#: nginx variables a message may name (expanded when nginx answers): the model of a tier's 503.
+_NGINX_VARIABLE = re.compile(r"\$[a-z_]+")
 
 
 @dataclass(frozen=True)
@@ -21,16 +31,20 @@ class GatewayError:
     #: The request field at fault, if one is.
     param: str | None = None
 
-    def text(self) -> str:
-        """The JSON error, one line."""
-        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
-        return json.dumps({"error": error}, separators=(",", ":")) + "\n"
+    def payload(self, api: Api = "openai") -> dict[str, object]:
+        """The error as `api`'s clients read it."""
+        return error_payload(api, self.sent, self.code, self.message, self.type, self.param)
 
-    def body(self) -> str:
-        """The JSON error, ready for an nginx `return` in single quotes."""
-        text = self.text()[:-1]
-        # nginx would expand $ in a return text, and ' or \ would end or escape its quoting.
-        assert not set("$'\\") & set(text), text
+    def text(self, api: Api = "openai") -> str:
+        """The JSON error, one line."""
+        return json.dumps(self.payload(api), separators=(",", ":")) + "\n"
+
+    def body(self, api: Api = "openai") -> str:
+        """The JSON error, ready for an nginx `return` (or map value) in single quotes."""
+        text = self.text(api)[:-1]
+        # nginx would expand a $ other than the variables a message names on purpose, and ' or \ would
+        # end or escape its quoting.
+        assert not set("$'\\") & set(_NGINX_VARIABLE.sub("", text)), text
         return text + "\\n"
 
 
@@ -71,8 +85,65 @@ UNSUPPORTED_MEDIA_TYPE = GatewayError(
 )
 #: A request without a key the API-key Secret holds.
 INVALID_API_KEY = GatewayError(
-    401, 401, "invalid_api_key", "Missing or invalid API key. Send it as: Authorization: Bearer <key>."
+    401,
+    401,
+    "invalid_api_key",
+    "Missing or invalid API key. Send it as: Authorization: Bearer <key> (or x-api-key: <key>).",
 )
+#: The pod's in-flight cap, or vllm-router's full admission queue.
+OVERLOADED = GatewayError(
+    503, 503, "overloaded", "The server is overloaded; retry shortly.", type="server_error"
+)
+#: vllm-router without a ready engine (with tiers, the message names the model: nginx's $no_engine_message).
+NO_ENGINE = GatewayError(
+    503,
+    503,
+    "no_engine_available",
+    "No engine replica is ready to serve this request; retry shortly.",
+    type="server_error",
+)
+TIER_NO_ENGINE = GatewayError(503, 503, NO_ENGINE.code, "$no_engine_message", type="server_error")
+#: autoscaling.minReplicas 0, the activator sidecar not answering (restarting).
+ACTIVATOR_UNAVAILABLE = GatewayError(
+    503,
+    503,
+    "no_engine_available",
+    "No engine replica is ready, and the gateway could not hold this request; retry shortly.",
+    type="server_error",
+)
+ROUTER_UNAVAILABLE = GatewayError(
+    502, 502, "bad_gateway", "The gateway could not reach its router.", type="server_error"
+)
+
+#: Stored responses (OpenAI's Responses API) are off: vLLM keeps a stored response in the memory of the
+#: one engine process that made it, which no other replica can read, a restart or a scale to zero loses,
+#: and which grows without bound (its own warning); the router cannot tell which engine holds an id.
+#: The engines never store (vLLM's VLLM_ENABLE_RESPONSES_API_STORE stays off: `store` is ignored), and
+#: the gateway refuses what would need a stored response, naming the field (docs/gateway.md).
+STORED_RESPONSES_HELP = "This gateway does not store responses"
+STORED_RESPONSE_FIELDS = {
+    "previous_response_id": (
+        f"{STORED_RESPONSES_HELP}, so previous_response_id cannot be used: send the earlier turns in "
+        "`input` instead (docs/gateway.md, Responses API)."
+    ),
+    "background": (
+        f"{STORED_RESPONSES_HELP}, so background responses (which are stored to be fetched later) cannot "
+        "be used: send the request without `background`, streamed if it is long."
+    ),
+}
+#: GET, DELETE /v1/responses/{id}, .../cancel, .../input_items: no response is ever stored to find.
+STORED_RESPONSE_ROUTE = GatewayError(
+    404,
+    404,
+    "stored_responses_disabled",
+    f"{STORED_RESPONSES_HELP}: there is no response to retrieve, cancel or delete "
+    "(docs/gateway.md, Responses API).",
+)
+
+
+def stored_response_refusal(field: str) -> GatewayError:
+    """The 400 of a Responses request whose `field` needs a stored response."""
+    return GatewayError(400, 400, "stored_responses_disabled", STORED_RESPONSE_FIELDS[field], param=field)
 
 
 def queue_timeout(seconds: int) -> GatewayError:
@@ -87,5 +158,6 @@ UNKNOWN_URL = GatewayError(
     404,
     404,
     "unknown_url",
-    "Unknown route. This endpoint serves /v1/chat/completions, /v1/completions and /v1/models.",
+    "Unknown route. This endpoint serves /v1/chat/completions, /v1/completions, /v1/responses, "
+    "/v1/messages, /v1/messages/count_tokens and /v1/models.",
 )

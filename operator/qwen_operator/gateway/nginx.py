@@ -11,23 +11,30 @@ import jinja2
 
 from .. import names
 from ..api.review import Review
+from ..clientapis import APIS, ROUTES
 from .access import BODY_BUFFER, UNREAD_BODY, AccessGroup, access_groups
 from .errors import (
+    ACTIVATOR_UNAVAILABLE,
     INVALID_API_KEY,
+    NO_ENGINE,
+    OVERLOADED,
     ROUTER_BODY_ERRORS,
+    ROUTER_UNAVAILABLE,
+    STORED_RESPONSE_FIELDS,
+    STORED_RESPONSE_ROUTE,
+    TIER_NO_ENGINE,
     UNKNOWN_URL,
     UNSUPPORTED_MEDIA_TYPE,
     GatewayError,
     nginx_errors,
     queue_timeout,
+    stored_response_refusal,
 )
 from .holding import hold_read_timeout, models_at_zero
 from .limits import Limits
 from .tiers import routing_data, tier_routes
 from .wiring import POD, Wiring
 
-#: Routes clients may call; everything else (engine admin routes included) gets a JSON 404.
-OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
 #: One event loop proxies thousands of requests per second, far more than a gateway pod's engines serve;
 #: a second one made no difference on simulated engines and was behind where cores were scarce
 #: (bench/gateway_profile_bench.py --cpu; docs/gateway.md "What the gateway costs").
@@ -132,6 +139,9 @@ def _template_values(review: Review, wiring: Wiring, limits: Limits) -> dict[str
     own_errors = nginx_errors(MAX_BODY_TEXT)
     access = access_groups(qd.spec)
     tiers = tier_routes(review, wiring)
+    rate_limited = GatewayError(
+        429, 429, "rate_limit_exceeded", limits.rate_limited_message(), type="requests"
+    )
     return {
         "deployment": f"{qd.metadata.namespace}/{qd.metadata.name}",
         "auth": names.api_keys_secret(qd) is not None,
@@ -159,7 +169,10 @@ def _template_values(review: Review, wiring: Wiring, limits: Limits) -> dict[str
         "unread_body": UNREAD_BODY,
         "njs_module": NJS_MODULE,
         # a JavaScript string literal (templates/errors.js)
-        "queue_timeout_json": json.dumps(queue_timeout(g.queue_timeout_seconds).text()),
+        "queue_timeout_json": json.dumps(
+            {api: queue_timeout(g.queue_timeout_seconds).text(api) for api in APIS}, sort_keys=True
+        ),
+        "stored_response_fields_json": json.dumps(list(STORED_RESPONSE_FIELDS)),
         "queue_timeout_retry_after": QUEUE_TIMEOUT_RETRY_AFTER,
         "worker_processes": NGINX_WORKERS,
         # each proxied request holds a client and an upstream connection
@@ -171,13 +184,29 @@ def _template_values(review: Review, wiring: Wiring, limits: Limits) -> dict[str
         "drain": review.plan.gateway_drain_seconds,
         "connect_timeout": g.connect_timeout_seconds,
         "rate_per_minute": limits.rate_per_minute,
-        "rate_limited": GatewayError(
-            429, 429, "rate_limit_exceeded", limits.rate_limited_message(), type="requests"
-        ),
         "burst": limits.burst,
         "retry_after": limits.retry_after,
         "in_flight": limits.in_flight,
-        "routes": OPENAI_ROUTES,
+        "routes": ROUTES,
+        "apis": APIS,
+        # The errors nginx answers itself, by name ($error_<name>), each in both APIs' shapes.
+        "error_maps": {
+            **{f"status_{e.status}": e for e in own_errors},
+            "invalid_api_key": INVALID_API_KEY,
+            "unknown_url": UNKNOWN_URL,
+            "invalid_json": ROUTER_BODY_ERRORS[0],
+            "invalid_request_body": ROUTER_BODY_ERRORS[1],
+            "unsupported_media_type": UNSUPPORTED_MEDIA_TYPE,
+            "rate_limited": rate_limited,
+            "overloaded": OVERLOADED,
+            "no_engine": TIER_NO_ENGINE if tiers else NO_ENGINE,
+            **({"activator_unavailable": ACTIVATOR_UNAVAILABLE} if qd.spec.scales_to_zero else {}),
+            "router_unavailable": ROUTER_UNAVAILABLE,
+            "stored_response_route": STORED_RESPONSE_ROUTE,
+        },
+        "stored_response_refusals": {f: stored_response_refusal(f) for f in STORED_RESPONSE_FIELDS},
+        # Where a completion goes: by its model where keys are limited or tiers route, else the router.
+        "completion_target": "$model_target" if access or tiers else _ROUTER,
         "max_body": MAX_BODY,
         "body_buffer": BODY_BUFFER,
         "log_buffer": LOG_BUFFER,
@@ -187,10 +216,6 @@ def _template_values(review: Review, wiring: Wiring, limits: Limits) -> dict[str
         "session_buckets": SESSION_BUCKETS,
         "session_bucket_percent": f"{100 / SESSION_BUCKETS:g}",
         "nginx_errors": own_errors,
-        "errors": {
-            e.code: e
-            for e in (*own_errors, *ROUTER_BODY_ERRORS, UNSUPPORTED_MEDIA_TYPE, UNKNOWN_URL, INVALID_API_KEY)
-        },
     }
 
 

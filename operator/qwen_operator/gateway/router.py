@@ -18,6 +18,19 @@ def balance_abs_threshold(review: Review) -> int:
     return max(2, review.resource.spec.engine.max_num_seqs // 4)
 
 
+#: The environment variables of the engine keys vllm-router sends itself (`--api-key`, expanded from
+#: `$(NAME)` by the kubelet): on the routes it forwards by its transparent proxy (/v1/responses,
+#: /v1/messages, /v1/messages/count_tokens) vllm-router 0.1.17 passes on none of the request's own
+#: headers, so not the engine key nginx sets either (measured: only Content-Type, Accept, Host and
+#: Content-Length arrive). Chat and completions keep nginx's Authorization.
+ENGINE_KEY_ENV = "QWEN_ENGINE_API_KEY"
+
+
+def tier_engine_key_env(i: int) -> str:
+    """The variable of spec.gateway.tiers[i]'s engine key (its Secret is optional: no key, no variable)."""
+    return f"QWEN_TIER{i}_ENGINE_API_KEY"
+
+
 #: vllm-router's log filter (tracing's EnvFilter syntax): info, but its policies only from warn up, as
 #: consistent_hash and power_of_two log every request's routing key and choice at info.
 ROUTER_LOG_FILTER = "info,vllm_router_rs::policies=warn"
@@ -40,6 +53,7 @@ def router_args(review: Review, wiring: Wiring = POD, limits: Limits | None = No
         worker_urls=wiring.worker_urls,
         engines=qd.metadata.name,
         admission=(limits.max_concurrent, limits.queue_size),
+        engine_key_env=ENGINE_KEY_ENV if names.engine_key(qd) else None,
     )
 
 
@@ -55,6 +69,7 @@ def tier_router_args(review: Review, i: int, wiring: Wiring = POD) -> list[str]:
         worker_urls=wiring.tier_worker_urls[i] if wiring.tier_worker_urls else (),
         engines=tier.deployment_ref.name,
         admission=(tier.max_concurrent_requests, tier.queue_size),
+        engine_key_env=tier_engine_key_env(i),
     )
 
 
@@ -67,6 +82,7 @@ def _args(
     worker_urls: tuple[str, ...],
     engines: str,
     admission: tuple[int, int],
+    engine_key_env: str | None,
 ) -> list[str]:
     qd = review.resource
     g = qd.spec.gateway
@@ -113,4 +129,6 @@ def _args(
         "--request-id-headers", "x-request-id",
         "--log-level", "info",
     ]  # fmt: skip
+    if engine_key_env:
+        args += ["--api-key", f"$({engine_key_env})"]
     return args

@@ -13,7 +13,6 @@ from typing import Any
 from .. import names, versions
 from ..api.drains import gateway_grace_seconds
 from ..api.review import Review
-from ..api.spec import SecretKeyRef
 from ..gateway import (
     ACCESS_LOG_SIZE_LIMIT,
     ACTIVATOR_METRICS_PORT,
@@ -23,6 +22,7 @@ from ..gateway import (
     router_env,
 )
 from ..gateway.config import LOG_EXPORTER_CONF, RUN_NGINX
+from ..gateway.router import ENGINE_KEY_ENV, tier_engine_key_env
 from .lora import operator_image
 from .meta import metadata
 
@@ -101,6 +101,22 @@ def tier_metrics_port_name(tier: int) -> str:
     return f"tier{tier}-metrics"
 
 
+def _router_engine_key(review: Review, tier: int | None) -> list[dict[str, Any]]:
+    """The engine key vllm-router sends itself on the routes it forwards without nginx's headers
+    (gateway/router.py, ENGINE_KEY_ENV), from the Secret nginx reads it from; read at start, as the
+    engines read theirs."""
+    qd = review.resource
+    if tier is None:
+        ref = names.engine_key(qd)
+        if ref is None:
+            return []
+        return [{"name": ENGINE_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+    ref = names.tier_engine_key(qd.spec.gateway.tiers[tier])
+    # A tier whose engines require no key has no such Secret.
+    optional = {"name": ref.name, "key": ref.key, "optional": True}
+    return [{"name": tier_engine_key_env(tier), "valueFrom": {"secretKeyRef": optional}}]
+
+
 def _router_container(review: Review, config: GatewayConfig, tier: int | None = None) -> dict[str, Any]:
     """The router of this deployment's engines, or (tier i) of spec.gateway.tiers[i]'s."""
     w = config.wiring
@@ -123,6 +139,7 @@ def _router_container(review: Review, config: GatewayConfig, tier: int | None = 
             {"name": "NO_COLOR", "value": "1"},
             {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
             *({"name": k, "value": v} for k, v in router_env().items()),
+            *_router_engine_key(review, tier),
         ],
         "ports": [{"name": port_name, "containerPort": port, "protocol": "TCP"}],
         "livenessProbe": {
@@ -250,9 +267,7 @@ def _volumes(review: Review, config: GatewayConfig) -> list[dict[str, Any]]:
             }
         )
     for i, tier in enumerate(qd.spec.gateway.tiers):
-        tier_key = tier.engine_key_secret or SecretKeyRef(
-            name=names.generated_engine_key_of(tier.deployment_ref.name), key=names.GENERATED_ENGINE_KEY
-        )
+        tier_key = names.tier_engine_key(tier)
         volumes.append(
             {
                 "name": f"tier{i}-engine-key",

@@ -64,7 +64,7 @@ MUTANTS = (
         "wake-only-admitted",
         "only requests past the API key, model access and rate limit wake or keep a GPU replica",
         "operator/qwen_operator/recording.py",
-        '''error=~"{"|".join(ADMITTED_ERRORS)}"''',
+        '''error=~"{admitted}"''',
         '''error=~".*"''',
         ("tests/test_scale_to_zero.py",),
     ),

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from qwen_operator import names
+from qwen_operator import names, recording
 from qwen_operator.versions import (
     CONTROLLER_TOOLS,
     KEDA,
@@ -68,7 +68,7 @@ CUSTOM_METRICS_VERSIONS = ("v1beta1", "v1beta2")
 CUSTOM_METRICS_GROUP = "custom.metrics.k8s.io"
 #: The queue depth: a recording rule per engine pod, served to the HPA under the pods metric's name.
 QUEUE_RECORD = "qwen_engine:queue_depth"
-QUEUE_CUSTOM_METRIC = "qwen_queue_depth"
+QUEUE_CUSTOM_METRIC = recording.ADAPTER_METRIC
 #: How often the stack scrapes and evaluates (short: tests wait on it), and the adapter relists series.
 SCRAPE_INTERVAL = "5s"
 ADAPTER_RELIST = "10s"

@@ -51,6 +51,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from .api.coldstart import HOLD_RETRY_AFTER_SECONDS
 from .clientapis import api_of, error_payload
 
 log = logging.getLogger("qwen.activator")
@@ -86,7 +87,7 @@ class Settings:
     router_url: str
     hold_seconds: float
     max_held: int
-    retry_after_seconds: int = 10
+    retry_after_seconds: int = HOLD_RETRY_AFTER_SECONDS
     keepalive_seconds: float = 5.0
     poll_seconds: float = 1.0
     host: str = "127.0.0.1"

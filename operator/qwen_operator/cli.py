@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import yaml
 
 from .api.catalog import GIB
+from .api.coldstart import HOLD_RETRY_AFTER_SECONDS
 from .api.crd import crd
 from .api.engine import ENGINE_PORT
 from .api.lorafile import DESIRED_FILE, SIDECAR_PORT
@@ -355,7 +356,7 @@ def _add_activator(sub: Any) -> None:
     a.add_argument(
         "--retry-after",
         type=int,
-        default=10,
+        default=HOLD_RETRY_AFTER_SECONDS,
         metavar="SECONDS",
         help="Retry-After of the 503s (default: %(default)s)",
     )

@@ -27,7 +27,7 @@ from .api.queueing import METRICS_API_SERVICE
 from .api.spec import API_VERSION, KIND, PLURAL
 from .kinds import MANAGED, NODE, POD, SECRET, Kind, kind_of
 from .metrics import API_WRITES
-from .names import FIELD_MANAGER, HANDOVER_FIELD_MANAGER, LABEL_PREFIX, MANAGED_BY
+from .names import FIELD_MANAGER, HANDOVER_FIELD_MANAGER, LABEL_PREFIX, MANAGED_BY, MANAGED_SELECTOR
 from .objects import contains, content_hash
 from .watchcache import Informer, Obj, Store, wait_synced
 
@@ -116,11 +116,10 @@ class Caches:
         self.qwd = Store(transform=_without_managed_fields)
         self.children: dict[tuple[str, str | None], Informer] = {}  # (plural, namespace)
         self.own_pods: dict[str | None, Informer] = {}
-        selector = f"app.kubernetes.io/managed-by={MANAGED_BY}"
         for ns in self.namespaces:
             for kind in MANAGED:
-                self.children[(kind.plural, ns)] = self._informer(collection(kind, ns), selector)
-            self.own_pods[ns] = self._informer(collection(POD, ns), selector)
+                self.children[(kind.plural, ns)] = self._informer(collection(kind, ns), MANAGED_SELECTOR)
+            self.own_pods[ns] = self._informer(collection(POD, ns), MANAGED_SELECTOR)
         self.nodes = Informer(self.api, collection(NODE), Store(transform=_slim_node), name="nodes")
         self.gpu_pods = Informer(
             self.api,
@@ -197,8 +196,7 @@ class Caches:
             for ns in self.namespaces:
                 old = self.children[(kind.plural, ns)]
                 if old.absent:
-                    selector = f"app.kubernetes.io/managed-by={MANAGED_BY}"
-                    self.children[(kind.plural, ns)] = self._informer(old.path, selector).start()
+                    self.children[(kind.plural, ns)] = self._informer(old.path, MANAGED_SELECTOR).start()
 
     def child_store(self, kind: Kind, namespace: str) -> Informer:
         return self.children[(kind.plural, namespace if namespace in self.namespaces else None)]

@@ -7,6 +7,8 @@ from .api.spec import GatewayTier, QwenDeployment, SecretKeyRef
 LABEL_PREFIX = "qwenops.dev"
 FIELD_MANAGER = "qwen-operator"
 MANAGED_BY = "qwen-operator"
+#: The label selector of every object the operator manages (what its informers list and watch).
+MANAGED_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
 #: The field manager that holds an engine Deployment's spec.replicas for the moment the operator stops
 #: sending it (autoscaling turned on), so that the field passes to the HPA at its value instead of being
 #: removed and defaulted to 1: "transferring ownership" in the server-side apply documentation.

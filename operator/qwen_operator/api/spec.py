@@ -26,6 +26,7 @@ from pydantic_core import PydanticCustomError
 from .catalog import (
     DEFAULT_ENGINE_IMAGE,
     GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
     GPUS,
     KNOWN_NODE_LABELS,
     MAX_CONTEXT,
@@ -484,7 +485,7 @@ class GpuPool(Model):
     tolerations: list[KubeObject] | None = Field(
         default=None, description="Replaces the default toleration of the nvidia.com/gpu taint."
     )
-    resource_name: str = Field(default="nvidia.com/gpu", description="Extended resource name of the GPU.")
+    resource_name: str = Field(default=GPU_RESOURCE, description="Extended resource name of the GPU.")
     runtime_class_name: DnsName | None = Field(
         default=None,
         description="RuntimeClass of the engine pods, where the GPU runtime is not the nodes' default: "

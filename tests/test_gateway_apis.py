@@ -14,6 +14,8 @@ API's stored responses, which the gateway refuses by name.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,8 +27,10 @@ import pytest
 import requests
 
 from qwen_devtools.net import http_get, metric_sum
+from qwen_devtools.procs import spawn, wait_ready
 from qwen_devtools.realparts.engine import SERVED_MODEL, cpu_qwendeployment
 from qwen_devtools.realparts.gateway import GatewayStack, start_gateway
+from qwen_devtools.realparts.nginx import nginx_bin
 from qwen_operator import recording
 from qwen_operator.api.review import review
 from qwen_operator.gateway import errors
@@ -226,3 +230,25 @@ def test_every_route_has_its_label_and_the_admitted_ones_count_as_traffic(stack:
     assert count("/v1/messages/count_tokens") >= 1
     assert metric_sum(url, COUNT, route="/v1/messages", error="unauthorized") >= 1
     assert metric_sum(url, COUNT, route="/v1/messages", error="model_not_allowed") >= 1
+
+
+def test_an_nginx_killed_without_cleaning_up_starts_again_over_its_sockets(stack: GatewayStack) -> None:
+    """A container restart keeps the pod's state directory, and a killed nginx leaves its Unix sockets
+    there: run-nginx.sh must clear the refusals server's, or the new nginx cannot bind it and never
+    starts. Last in the module: it replaces the module's nginx."""
+    old = stack.procs["nginx"]
+    os.killpg(old.pid, signal.SIGKILL)  # no exit handler runs: the sockets stay
+    old.popen.wait(10)
+    sockets = sorted(p.name for p in (stack.root / "state").glob("*.sock"))
+    assert "refusals.sock" in sockets, sockets
+    w = stack.wiring
+    path = f"{nginx_bin().parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    again = spawn(
+        "nginx-again", ["/bin/sh", f"{w.config_dir}/run-nginx.sh"], stack.root / "logs", env={"PATH": path},
+        port=w.status_port,
+    )  # fmt: skip
+    stack.procs["nginx"] = again  # stopped with the stack
+    wait_ready(again, "/ready", 30)
+    # The refusals server answers again: a stored response's refusal goes through its socket.
+    with pytest.raises(openai.BadRequestError):
+        _openai(stack).responses.create(model=SERVED_MODEL, input="And?", previous_response_id="resp_1")

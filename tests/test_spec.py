@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Any, get_args
 
 import pytest
 from pydantic import ValidationError
 
+from qwen_operator.api import quantity
 from qwen_operator.api import spec as api
 from qwen_operator.api.catalog import GIB, GPUS, MIB
 from qwen_operator.api.crd import crd
@@ -476,11 +478,20 @@ def test_catalog_memory_is_what_cuda_reports() -> None:
 
 
 @pytest.mark.parametrize(
-    ("quantity", "expected"),
+    ("text", "expected"),
     [("19.5G", 19_500_000_000), ("94Gi", 94 * 1024**3), ("1000", 1000), ("512Mi", 512 * 1024**2)],
 )
-def test_quantity_bytes(quantity: str, expected: int) -> None:
-    assert api.quantity_bytes(quantity) == expected
+def test_quantity_bytes(text: str, expected: int) -> None:
+    assert quantity.quantity_bytes(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1500m", "1.5"), ("2", "2"), ("3k", "3000"), ("1e3", "1000"), ("250u", "0.00025"), ("1Ki", "1024")],
+)
+def test_a_quantity_the_api_server_writes_has_its_exact_value(text: str, expected: str) -> None:
+    """status reads the HPA's current values with the same parser (its exponent form included)."""
+    assert quantity.value(text) == Decimal(expected)
 
 
 _A6000 = {

@@ -42,6 +42,7 @@ from typing import Any
 
 from . import names
 from .adapters import LoraObservation
+from .api import quantity
 from .api.coldstart import KEDA_HELD_METRIC, Holding
 from .api.queueing import HPA_METRIC, METRICS_API_SERVICE, keda_query, queueing
 from .api.review import Review
@@ -314,25 +315,9 @@ def _current_queue_depth(hpa: dict[str, Any] | None) -> float | None:
     return None
 
 
-_SUFFIXES = {
-    "n": 1e-9,
-    "u": 1e-6,
-    "m": 1e-3,
-    "k": 1e3,
-    "M": 1e6,
-    "G": 1e9,
-    "T": 1e12,
-    "Ki": 2**10,
-    "Mi": 2**20,
-}
-
-
 def _quantity(text: str) -> float:
     """A Kubernetes quantity ("1500m", "2", "3k") as a number, rounded to 3 decimals."""
-    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
-        if text.endswith(suffix):
-            return round(float(text[: -len(suffix)]) * _SUFFIXES[suffix], 3)
-    return round(float(text), 3)
+    return round(float(quantity.value(text)), 3)
 
 
 def _autoscaling_status(obs: Observed) -> dict[str, Any] | None:

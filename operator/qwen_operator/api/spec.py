@@ -36,6 +36,7 @@ from .catalog import (
     architecture_of,
     node_label_values,
 )
+from .quantity import quantity_bytes
 
 GROUP = "inference.qwenops.dev"
 VERSION = "v1alpha1"
@@ -190,17 +191,6 @@ QuotableName = Annotated[
 ]
 #: A model name clients send, or that names one.
 ModelName = Annotated[QuotableName, Field(min_length=1, max_length=256)]
-
-_QUANTITY_FACTORS = {
-    "": 1, "m": 0.001, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
-}  # fmt: skip
-
-
-def quantity_bytes(quantity: str) -> int:
-    """A Kubernetes quantity (already matched by the Quantity pattern) in bytes: `19.5G`, `94Gi`."""
-    number = quantity.rstrip("kmKMGTPi")
-    return int(float(number) * _QUANTITY_FACTORS[quantity[len(number) :]])
 
 
 class Model(BaseModel):

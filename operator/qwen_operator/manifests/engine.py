@@ -12,10 +12,9 @@ from ..api.drains import ENGINE_PRESTOP_SECONDS, engine_hung_grace_seconds
 from ..api.engine import ENGINE_COMMAND, ENGINE_PORT, engine_args
 from ..api.lorafile import SIDECAR_PORT
 from ..api.pool import NodePool
-from ..api.quantity import canonical
+from ..api.quantity import canonical, quantity_bytes
 from ..api.review import Review
 from ..api.rollout import ROLLOUT_ANNOTATION, Rollout
-from ..api.spec import quantity_bytes
 from .lora import PORT_NAME as LORA_PORT
 from .lora import lora_sidecar, lora_volume
 from .meta import metadata

@@ -44,7 +44,7 @@ from . import names
 from .adapters import LoraObservation
 from .api import quantity
 from .api.coldstart import KEDA_HELD_METRIC, Holding
-from .api.queueing import HPA_METRIC, METRICS_API_SERVICE, keda_query, queueing
+from .api.queueing import HPA_METRIC, METRICS_API_SERVICE, keda_query
 from .api.review import Review
 from .api.rollout import Rollout
 from .api.spec import QwenDeployment
@@ -327,7 +327,7 @@ def _autoscaling_status(obs: Observed) -> dict[str, Any] | None:
     qd = obs.review.resource
     a = qd.spec.autoscaling
     assert a is not None
-    q = queueing(qd.spec, obs.review.plan)
+    q = obs.review.queueing
     return {
         "driver": a.driver,
         "metric": HPA_METRIC if a.driver == "hpa" else keda_query(qd.metadata.namespace, qd.metadata.name),

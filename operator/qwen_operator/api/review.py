@@ -7,6 +7,7 @@ The CLI (`plan`, `render`) and the operator call the same function, so a resourc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from .catalog import GIB
@@ -14,7 +15,7 @@ from .coldstart import Holding, check_scale_to_zero, holding
 from .engine import check_extra_args, command_line
 from .plan import Plan, make_plan
 from .pool import NodePool
-from .queueing import check_pass_through, check_rate_split, check_routing
+from .queueing import Queueing, check_pass_through, check_rate_split, check_routing, queueing
 from .spec import QwenDeployment, parse
 
 
@@ -40,10 +41,16 @@ class Review:
         """`path: message` of each way the spec does not fit its GPU pool (CapacityFit=False)."""
         return [f"{path}: {message}" for path, message in self.plan.capacity_errors]
 
-    @property
+    # Values derived from the spec and the plan, computed once per review: every reader gets the same.
+    @cached_property
     def holding(self) -> Holding | None:
         """The request-holding bounds of autoscaling.minReplicas 0 (None above 0)."""
         return holding(self.resource.spec, self.plan)
+
+    @cached_property
+    def queueing(self) -> Queueing:
+        """Where requests wait: the engines' batch and waiting room, the target queue depth."""
+        return queueing(self.resource.spec, self.plan)
 
     def plan_dict(self) -> dict[str, Any]:
         """The plan as published in `status.plan` and printed by `qwen-operator plan -o json`."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..api.queueing import queueing
 from ..api.review import Review
 
 
@@ -31,7 +30,7 @@ def pass_through(review: Review) -> int:
     """
     spec = review.resource.spec
     g = spec.gateway
-    capacity = max(1, queueing(spec, review.plan).engine_capacity)
+    capacity = max(1, review.queueing.engine_capacity)
     if g.max_concurrent_requests is None:
         return capacity
     share = _per_pod(g.max_concurrent_requests, g.replicas)

@@ -13,7 +13,7 @@ from .. import names, recording
 from ..api.coldstart import HELD_TRIGGER_INDEX
 from ..api.queueing import HPA_METRIC as HPA_METRIC  # the metric the HPA reads, named once there
 from ..api.queueing import QUEUE_METRIC as QUEUE_METRIC  # its source, vLLM's waiting count
-from ..api.queueing import keda_query, queueing
+from ..api.queueing import keda_query
 from ..api.review import Review
 from .engine import startup_seconds
 from .meta import metadata
@@ -27,7 +27,7 @@ MIN_SCALE_DOWN_WINDOW = 300
 
 def target_queue_depth(review: Review) -> int:
     """The spec's targetQueueDepth, else the plan's default (api/queueing.py)."""
-    target = queueing(review.resource.spec, review.plan).target_queue_depth
+    target = review.queueing.target_queue_depth
     assert target is not None, "only autoscaled specs have a target"
     return target
 

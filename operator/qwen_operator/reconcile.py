@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from secrets import token_urlsafe
 from typing import Any
 
-from . import adapters, names
+from . import adapters, names, versions
 from .api.queueing import METRICS_API_SERVICE
 from .api.review import Review, review
 from .api.rollout import Rollout
@@ -31,6 +31,7 @@ from .manifests.gateway import (
     generated_api_keys_secret,
     generated_engine_key_secret,
 )
+from .manifests.lora import OPERATOR_IMAGE_ENV
 from .manifests.policy import OPERATOR_PEER_ENV, SCRAPERS_ENV, parse_operator_peer, parse_scrapers
 from .metrics import DEPLOYMENTS_READY, MANAGED_OBJECTS, RECONCILE_SECONDS, RECONCILES
 from .status import Observed, TierObservation, compute_status, events, merge_patch
@@ -103,6 +104,12 @@ def engine_scrapers() -> tuple[dict[str, Any], ...]:
 
 
 @functools.cache
+def operator_image() -> str:
+    """The operator's own image, which its sidecars run (env, read once; the chart sets it)."""
+    return os.environ.get(OPERATOR_IMAGE_ENV) or versions.OPERATOR_IMAGE
+
+
+@functools.cache
 def operator_peer() -> dict[str, Any] | None:
     """The operator's own pods as a NetworkPolicy peer (env, read once): they read the lora sidecars."""
     return parse_operator_peer(os.environ.get(OPERATOR_PEER_ENV))
@@ -142,6 +149,7 @@ def _reconcile(cluster: Cluster, body: dict[str, Any]) -> Result:
         scrapers=engine_scrapers(),
         operator=operator_peer(),
         gateway_holds=_gateway_holds(cluster, rev),
+        operator_image=operator_image(),
     )
     obs.gateway_holds = facts.gateway_holds
     children = build_children(rev, facts)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import versions
 from ..api.pool import NodePool
 from ..api.review import Review
 from ..api.rollout import Rollout
@@ -37,6 +38,8 @@ class ClusterFacts:
     #: No live gateway pod runs without the activator (autoscaling.minReplicas 0): until then the
     #: autoscaler keeps one engine, or the requests of a pod that cannot hold would get a 503 at zero.
     gateway_holds: bool = True
+    #: The operator's own image, which its sidecars run (lora-sync, the activator): the chart's.
+    operator_image: str = versions.OPERATOR_IMAGE
 
 
 @dataclass
@@ -54,12 +57,12 @@ def build_children(review: Review, facts: ClusterFacts | None = None) -> Childre
     spec = review.resource.spec
     rollout = facts.rollout_under_way or Rollout.choose(facts.free_gpus, review.plan.gpus_per_replica)
     objects = [
-        *build_gateway(review, GatewayConfig.of(review)),
+        *build_gateway(review, GatewayConfig.of(review), facts.operator_image),
         *build_routes(review),
         build_engine_service(review),
         build_client_service(review),
         *([build_lora_config_map(review)] if spec.lora else []),
-        build_engine_deployment(review, rollout),
+        build_engine_deployment(review, rollout, facts.operator_image),
         build_pdb(review, "engine"),
     ]
     if spec.gateway.enabled:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .. import names
+from .. import names, versions
 from ..api.catalog import DEFAULT_ENGINE_IMAGE
 from ..api.coldstart import startup_budget_seconds
 from ..api.drains import ENGINE_PRESTOP_SECONDS, engine_hung_grace_seconds
@@ -145,13 +145,16 @@ def _container(review: Review) -> dict[str, Any]:
     }
 
 
-def build_engine_deployment(review: Review, rollout: Rollout) -> dict[str, Any]:
+def build_engine_deployment(
+    review: Review, rollout: Rollout, operator_image: str = versions.OPERATOR_IMAGE
+) -> dict[str, Any]:
+    """The engine Deployment; `operator_image` runs the lora-sync sidecar (spec.lora)."""
     qd = review.resource
     spec = qd.spec
     engine = _container(review)
     containers = [engine]
     if spec.lora:  # loads the adapters of the lora ConfigMap into the running engine (manifests/lora.py)
-        containers.append(lora_sidecar(review, engine["env"], engine["volumeMounts"][0]))
+        containers.append(lora_sidecar(review, engine["env"], engine["volumeMounts"][0], operator_image))
     pod_spec: dict[str, Any] = {
         "containers": containers,
         "volumes": _volumes(review),

@@ -23,7 +23,6 @@ from ..gateway import (
 )
 from ..gateway.config import LOG_EXPORTER_CONF, RUN_NGINX
 from ..gateway.router import ENGINE_KEY_ENV, tier_engine_key_env
-from .lora import operator_image
 from .meta import metadata
 
 RUN_AS = 10001  # the gateway image's user; the exporters run as it too
@@ -192,7 +191,7 @@ def _exporter_containers(config: GatewayConfig) -> list[dict[str, Any]]:
 ACTIVATOR = "activator"
 
 
-def _activator_containers(config: GatewayConfig) -> list[dict[str, Any]]:
+def _activator_containers(config: GatewayConfig, operator_image: str) -> list[dict[str, Any]]:
     """`qwen-operator activator` (the operator's image), only with autoscaling.minReplicas 0: holds the
     requests that arrive while no engine is ready. No volume, no credentials: nginx and the router are
     on loopback."""
@@ -202,7 +201,7 @@ def _activator_containers(config: GatewayConfig) -> list[dict[str, Any]]:
     return [
         {
             "name": ACTIVATOR,
-            "image": operator_image(),
+            "image": operator_image,
             "command": ["qwen-operator"],
             "args": config.activator_args,
             "ports": [
@@ -312,7 +311,9 @@ def _affinity(review: Review) -> dict[str, Any]:
     }
 
 
-def build_gateway_deployment(review: Review, config: GatewayConfig) -> dict[str, Any]:
+def build_gateway_deployment(
+    review: Review, config: GatewayConfig, operator_image: str = versions.OPERATOR_IMAGE
+) -> dict[str, Any]:
     qd = review.resource
     g = qd.spec.gateway
     pod_spec: dict[str, Any] = {
@@ -342,7 +343,7 @@ def build_gateway_deployment(review: Review, config: GatewayConfig) -> dict[str,
             _router_container(review, config),
             *(_router_container(review, config, i) for i in range(len(g.tiers))),
             *_exporter_containers(config),
-            *_activator_containers(config),
+            *_activator_containers(config, operator_image),
         ],
         "volumes": _volumes(review, config),
     }
@@ -405,10 +406,13 @@ def build_gateway_config_map(review: Review, config: GatewayConfig) -> dict[str,
     }
 
 
-def build_gateway(review: Review, config: GatewayConfig | None = None) -> list[dict[str, Any]]:
+def build_gateway(
+    review: Review, config: GatewayConfig | None = None, operator_image: str = versions.OPERATOR_IMAGE
+) -> list[dict[str, Any]]:
     """The gateway pod's objects in apply order; [] when the gateway is off.
 
-    `config` is the pod's GatewayConfig when the caller already rendered it (one render per reconcile).
+    `config` is the pod's GatewayConfig when the caller already rendered it (one render per reconcile);
+    `operator_image` runs the activator (autoscaling.minReplicas 0).
     """
     if not review.resource.spec.gateway.enabled:
         return []
@@ -416,7 +420,7 @@ def build_gateway(review: Review, config: GatewayConfig | None = None) -> list[d
     return [
         *build_gateway_rbac(review),
         build_gateway_config_map(review, config),
-        build_gateway_deployment(review, config),
+        build_gateway_deployment(review, config, operator_image),
     ]
 
 

@@ -9,15 +9,15 @@ engine; it counts where each adapter is loaded from the sidecars' /status (statu
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from .. import names, versions
+from .. import names
 from ..api.lorafile import FILE_NAME, MOUNT_DIR, SIDECAR_PORT, Adapter, HubSource, render
 from ..api.review import Review
 from .meta import metadata
 
-#: The operator's own image, which the sidecar runs: the chart passes the image it installed.
+#: The operator's own image, which the sidecar and the activator run: the chart passes the image it
+#: installed (read once by the reconciler, ClusterFacts.operator_image).
 OPERATOR_IMAGE_ENV = "QWEN_OPERATOR_IMAGE"
 #: Named container port of the sidecar (/status, /metrics, /ready, /healthz).
 PORT_NAME = "lora-sync"
@@ -25,10 +25,6 @@ PORT_NAME = "lora-sync"
 #: adapters are loaded (a cold start at zero waits for it), and a probe costs a dict read.
 READY_PROBE_PERIOD = 2
 VOLUME = "lora-adapters"
-
-
-def operator_image() -> str:
-    return os.environ.get(OPERATOR_IMAGE_ENV) or versions.OPERATOR_IMAGE
 
 
 def desired_adapters(review: Review) -> list[Adapter]:
@@ -57,7 +53,9 @@ def lora_volume(review: Review) -> dict[str, Any]:
     return {"name": VOLUME, "configMap": {"name": names.lora(review.resource), "defaultMode": 0o444}}
 
 
-def lora_sidecar(review: Review, env: list[dict[str, Any]], cache_mount: dict[str, Any]) -> dict[str, Any]:
+def lora_sidecar(
+    review: Review, env: list[dict[str, Any]], cache_mount: dict[str, Any], image: str
+) -> dict[str, Any]:
     """`qwen-operator lora-sync` beside the engine: the engine's key and model cache, the desired file.
 
     Its readiness probe is /ready, so that the pod (ready when every container is) is routed to only
@@ -70,7 +68,7 @@ def lora_sidecar(review: Review, env: list[dict[str, Any]], cache_mount: dict[st
              "timeoutSeconds": 2, "failureThreshold": 3}  # fmt: skip
     return {
         "name": "lora-sync",
-        "image": operator_image(),
+        "image": image,
         "command": ["qwen-operator", "lora-sync"],
         "args": ["--model-cache", cache_mount["mountPath"], "--port", str(SIDECAR_PORT)],
         "ports": [{"name": PORT_NAME, "containerPort": SIDECAR_PORT, "protocol": "TCP"}],

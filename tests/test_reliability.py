@@ -419,10 +419,11 @@ class _SecretsCluster:
     def __init__(self, pods: list[dict[str, Any]]) -> None:
         self.existing: set[str] = set()
         self.creates: list[str] = []
-        self._pods = pods
+        self.pods_now = pods
+        self.created_secrets: set[tuple[str, str, str]] = set()  # as Cluster's: the process's memory
 
     def pods(self, namespace: str, name: str, selector: dict[str, str]) -> list[dict[str, Any]]:
-        return [p for p in self._pods if p["metadata"]["labels"].items() >= selector.items()]
+        return [p for p in self.pods_now if p["metadata"]["labels"].items() >= selector.items()]
 
     def create_if_absent(self, obj: dict[str, Any]) -> bool:
         name = obj["metadata"]["name"]
@@ -451,14 +452,15 @@ def test_a_generated_secret_deleted_while_the_operator_runs_is_created_again() -
     waiting = {"containerStatuses": [{"state": {"waiting": {"reason": "ContainerCreating"}}}]}
     pod = {"metadata": {"labels": names.selector(qd, "gateway"), "name": "g-0"}, "spec": {"nodeName": "n"}}
 
-    first = _SecretsCluster([])
-    reconcile._generated_secrets(first, rev, {})  # type: ignore[arg-type]
-    assert sorted(first.creates) == sorted(generated)
-    running = _SecretsCluster([{**pod, "status": started}])
-    running.existing = set(generated)
-    assert reconcile._generated_secrets(running, rev, live) == [] and running.creates == []  # type: ignore[arg-type]
+    cluster = _SecretsCluster([])  # one operator process throughout
+    reconcile._generated_secrets(cluster, rev, {})  # type: ignore[arg-type]
+    assert sorted(cluster.creates) == sorted(generated)
+    cluster.creates.clear()
+    cluster.pods_now = [{**pod, "status": started}]
+    assert reconcile._generated_secrets(cluster, rev, live) == [] and cluster.creates == []  # type: ignore[arg-type]
     # Both deleted by hand; a new gateway pod waits for its volumes (kubelet's FailedMount).
-    deleted = _SecretsCluster([{**pod, "status": waiting}])
-    said = reconcile._generated_secrets(deleted, rev, live)  # type: ignore[arg-type]
-    assert sorted(deleted.creates) == sorted(generated), deleted.creates
+    cluster.existing.clear()
+    cluster.pods_now = [{**pod, "status": waiting}]
+    said = reconcile._generated_secrets(cluster, rev, live)  # type: ignore[arg-type]
+    assert sorted(cluster.creates) == sorted(generated), cluster.creates
     assert len(said) == 2, said

@@ -218,6 +218,9 @@ class Cluster:
         self.api = api or (caches.api if caches else kubernetes.client.ApiClient())
         self.caches = caches
         self._crd_cache: dict[str, tuple[float, bool]] = {}
+        #: Generated Secrets known to exist, by (namespace, name, owner uid): created (or found) once per
+        #: process (reconcile._generated_secrets), forgotten when a pod waits for one.
+        self.created_secrets: set[tuple[str, str, str]] = set()
 
     # --- raw calls -------------------------------------------------------------------------------
     def _call(

@@ -314,9 +314,6 @@ WAITING_POLL_SECONDS = 15.0
 #: load them on their own; this only brings status.lora and AdaptersLoaded up to date.
 ADAPTER_POLL_SECONDS = 5.0
 
-#: Generated Secrets known to exist, by (namespace, name, owner uid): created (or found) once per process.
-_created: set[tuple[str, str, str]] = set()
-
 
 def _generated_secrets(
     cluster: Cluster, rev: Review, live: dict[tuple[str, str, str], dict[str, Any]]
@@ -347,8 +344,9 @@ def _generated_secrets(
         if _waiting_to_start(_running(pods)):
             mounted = set()
             uid = str(qd.metadata.uid)
-            for known in [k for k in _created if k[0] == ns and k[2] == uid]:
-                _created.discard(known)
+            known_secrets = cluster.created_secrets
+            for known in [k for k in known_secrets if k[0] == ns and k[2] == uid]:
+                known_secrets.discard(known)
     said = []
     for secret, what in (
         (generated_api_keys_secret(rev, token_urlsafe(32)), f"a random API key, id {GENERATED_KEY_ID}"),
@@ -361,10 +359,10 @@ def _generated_secrets(
             continue
         meta = secret["metadata"]
         known = (meta["namespace"], meta["name"], str(rev.resource.metadata.uid))
-        if known in _created:
+        if known in cluster.created_secrets:
             continue
         created = cluster.create_if_absent(secret)
-        _created.add(known)
+        cluster.created_secrets.add(known)
         if created:
             said.append(f"created Secret {meta['name']} ({what})")
     return said

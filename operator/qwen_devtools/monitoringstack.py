@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import json
 import os
 import subprocess
@@ -67,7 +66,7 @@ STACK_LABELS = {"qwenops.dev/monitoring-stack": "true"}
 CUSTOM_METRICS_VERSIONS = ("v1beta1", "v1beta2")
 CUSTOM_METRICS_GROUP = "custom.metrics.k8s.io"
 #: The queue depth: a recording rule per engine pod, served to the HPA under the pods metric's name.
-QUEUE_RECORD = "qwen_engine:queue_depth"
+QUEUE_RECORD = recording.ENGINE_QUEUE_DEPTH
 QUEUE_CUSTOM_METRIC = recording.ADAPTER_METRIC
 #: How often the stack scrapes and evaluates (short: tests wait on it), and the adapter relists series.
 SCRAPE_INTERVAL = "5s"
@@ -302,29 +301,8 @@ def uninstall_crds(cluster: Cluster, timeout: float = 120) -> None:
 
 
 def adapter_config() -> dict[str, Any]:
-    """prometheus-adapter's configuration: the operator's own `adapter_config()` where it has one (the
-    chart ships the same rules), else the minimal rule this stack needs: the recording rule
-    `qwen_engine:queue_depth` of each engine pod as the pods metric `qwen_queue_depth`."""
-    for module in ("qwen_operator.manifests.monitoring", "qwen_operator.recording"):
-        try:
-            function = getattr(importlib.import_module(module), "adapter_config", None)
-        except ImportError:
-            continue
-        if callable(function):
-            config = function()
-            return dict(yaml.safe_load(config) if isinstance(config, str) else config)
-    return {
-        "rules": [
-            {
-                "seriesQuery": f'{QUEUE_RECORD}{{namespace!="",pod!=""}}',
-                "resources": {
-                    "overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
-                },
-                "name": {"matches": f"^{QUEUE_RECORD}$", "as": QUEUE_CUSTOM_METRIC},
-                "metricsQuery": "max(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
-            }
-        ]
-    }
+    """prometheus-adapter's configuration: the operator's own rules (recording.py), which the chart ships."""
+    return recording.adapter_config()
 
 
 def _records(groups: Iterable[dict[str, Any]]) -> set[str]:
@@ -337,16 +315,11 @@ def stack_rules(rendered_rule: dict[str, Any] | None = None) -> dict[str, Any] |
     series twice would make the two rules' samples collide).
 
     The operator's fleet-wide recording rules (`qwen_operator.recording.recording_rules()`, what the
-    chart ships) where they exist, else the one rule the adapter needs: the engines' waiting count per pod.
+    chart ships).
     """
     if rendered_rule and QUEUE_RECORD in _records(rendered_rule["spec"]["groups"]):
         return None
-    try:
-        from qwen_operator import recording
-
-        rules = list(recording.recording_rules())
-    except (ImportError, AttributeError):
-        rules = [{"record": QUEUE_RECORD, "expr": "max by (namespace, pod) (vllm:num_requests_waiting)"}]
+    rules = list(recording.recording_rules())
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",

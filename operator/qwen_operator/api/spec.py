@@ -1216,6 +1216,13 @@ class HttpRoute(Model):
 
 
 _ONE_TIER_PER_DEPLOYMENT = "two tiers name the same deploymentRef: one tier per deployment"
+#: Messages of cross-field rules, each checked twice: by CEL in the API server, by a validator here.
+_AUTH_NONE_KEYS = "auth none takes no apiKeysSecret: remove one of them"
+_AUTH_NONE_ACCESS = "auth none has no API keys to limit: set auth apiKeys or remove modelAccess"
+_REPLICAS_XOR_AUTOSCALING = "set either replicas or autoscaling, not both"
+_ZERO_NEEDS_GATEWAY = (
+    "autoscaling.minReplicas 0 needs the gateway, which holds requests while no engine is ready"
+)
 _SPILL_TO_ITSELF = "a tier's spillTo names another model than the tier itself"
 
 
@@ -1240,13 +1247,13 @@ class Gateway(Model):
                 },
                 {
                     "rule": "!(has(self.auth) && self.auth == 'none' && has(self.apiKeysSecret))",
-                    "message": "auth none takes no apiKeysSecret: remove one of them",
+                    "message": _AUTH_NONE_KEYS,
                     "fieldPath": ".apiKeysSecret",
                 },
                 {
                     "rule": "!(has(self.auth) && self.auth == 'none' && has(self.modelAccess) && "
                     "size(self.modelAccess) > 0)",
-                    "message": "auth none has no API keys to limit: set auth apiKeys or remove modelAccess",
+                    "message": _AUTH_NONE_ACCESS,
                     "fieldPath": ".modelAccess",
                 },
             ]
@@ -1346,11 +1353,9 @@ class Gateway(Model):
     @model_validator(mode="after")
     def _keys_need_auth(self) -> Gateway:
         if self.auth == "none" and self.api_keys_secret is not None:
-            raise field_error("apiKeysSecret", "auth none takes no apiKeysSecret: remove one of them")
+            raise field_error("apiKeysSecret", _AUTH_NONE_KEYS)
         if self.auth == "none" and self.model_access:
-            raise field_error(
-                "modelAccess", "auth none has no API keys to limit: set auth apiKeys or remove modelAccess"
-            )
+            raise field_error("modelAccess", _AUTH_NONE_ACCESS)
         return self
 
 
@@ -1377,7 +1382,7 @@ class QwenDeploymentSpec(Model):
             "x-kubernetes-validations": [
                 {
                     "rule": "!(has(self.replicas) && has(self.autoscaling))",
-                    "message": "set either replicas or autoscaling, not both",
+                    "message": _REPLICAS_XOR_AUTOSCALING,
                     "fieldPath": ".replicas",
                 },
                 {
@@ -1390,8 +1395,7 @@ class QwenDeploymentSpec(Model):
                     "rule": "!has(self.autoscaling) || !has(self.autoscaling.minReplicas) || "
                     "self.autoscaling.minReplicas > 0 || !has(self.gateway) || !has(self.gateway.enabled) || "
                     "self.gateway.enabled",
-                    "message": "autoscaling.minReplicas 0 needs the gateway, which holds requests while no "
-                    "engine is ready",
+                    "message": _ZERO_NEEDS_GATEWAY,
                     "fieldPath": ".gateway.enabled",
                 },
                 {
@@ -1428,11 +1432,11 @@ class QwenDeploymentSpec(Model):
     @model_validator(mode="after")
     def _replicas_xor_autoscaling(self) -> QwenDeploymentSpec:
         if self.replicas is not None and self.autoscaling is not None:
-            raise field_error("replicas", "set either replicas or autoscaling, not both")
+            raise field_error("replicas", _REPLICAS_XOR_AUTOSCALING)
         if self.scales_to_zero and not self.gateway.enabled:
             raise field_error(
                 "gateway.enabled",
-                "autoscaling.minReplicas 0 needs the gateway, which holds requests while no engine is ready",
+                _ZERO_NEEDS_GATEWAY,
             )
         return self
 

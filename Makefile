@@ -61,7 +61,7 @@ bench: setup ## every benchmark scenario (ratios to peers measured in the same r
 bench-quick: setup ## every benchmark scenario's smoke mode (minutes; README untouched)
 	$(PY) bench/suite.py --quick
 
-mutants: $(VENV)/.installed ## break each of 13 promised behaviours in a scratch worktree; the suite must catch each (about 2 min)
+mutants: $(VENV)/.installed ## break each of 17 promised behaviours in a scratch worktree; the suite must catch each (about 2 min)
 	$(PY) -m qwen_devtools.mutants
 
 newcomer: ## the README's first two commands in a fresh clone, in order (NEWCOMER_ARGS=--cold: empty caches first)

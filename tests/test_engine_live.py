@@ -251,8 +251,8 @@ def _openai(live: Live) -> openai.OpenAI:
 
 
 def test_the_anthropic_sdk_is_served_through_the_gateway(live: Live) -> None:
-    """Anthropic's Messages API from the engine, through the gateway (the key as x-api-key): a message, a
-    stream of Anthropic's events, token counting, a tool round trip."""
+    """Anthropic's Messages API from the engine, through the gateway (the SDK's key as a Bearer token): a
+    message, a stream of Anthropic's events, token counting, a tool round trip."""
     client = _anthropic(live)
     before = live.successes()
     message = client.messages.create(model=SERVED_MODEL, max_tokens=8, messages=QUESTION)

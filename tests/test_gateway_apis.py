@@ -6,9 +6,9 @@ response, streams, tool calls, the engine's own errors) runs against a real vLLM
 gateway in test_engine_live.py.
 
 Each SDK must raise its own exception class from the gateway's errors, so each error is checked by the
-SDK's class and the body its users read: keys sent as Anthropic's x-api-key, a model the key may not
-use, the per-key rate limit, a request held until the bound (plain and streamed), and the Responses
-API's stored responses, which the gateway refuses by name.
+SDK's class and the body its users read: keys sent as Anthropic's x-api-key or as a Bearer token, a
+model the key may not use, the per-key rate limit, a request held until the bound (plain and streamed),
+and the Responses API's stored responses, which the gateway refuses by name.
 """
 
 from __future__ import annotations
@@ -106,8 +106,10 @@ def _held(stack: GatewayStack) -> int:
 
 
 def test_anthropic_clients_authenticate_with_x_api_key_and_read_anthropic_errors(stack: GatewayStack) -> None:
-    """The Anthropic SDK sends its key as x-api-key: a wrong one is its AuthenticationError, in
-    Anthropic's error shape; a limited key's model it may not use is its PermissionDeniedError."""
+    """A key as Anthropic's x-api-key header (what Anthropic's API reference and many clients send) or as
+    Authorization: Bearer (what the anthropic SDK 2.17 sends for api_key): a wrong one is the SDK's
+    AuthenticationError, in Anthropic's error shape; a limited key's model it may not use is its
+    PermissionDeniedError."""
     with pytest.raises(anthropic.AuthenticationError) as wrong:
         _message(_anthropic(stack, "sk-not-a-key-0123456789"))
     assert wrong.value.body == {
@@ -118,21 +120,22 @@ def test_anthropic_clients_authenticate_with_x_api_key_and_read_anthropic_errors
         _message(_anthropic(stack, "sql-team"))
     assert denied.value.body["error"]["type"] == "permission_error"
     assert "lora-sql" in denied.value.body["error"]["message"]
-    # The same key through Authorization (the SDK's auth_token) is the same key.
-    bearer = anthropic.Anthropic(auth_token=KEYS["sql-team"], base_url=stack.url, max_retries=0, timeout=30)
-    with pytest.raises(anthropic.PermissionDeniedError):
-        _message(bearer)
     with pytest.raises(anthropic.PermissionDeniedError):
         _anthropic(stack, "sql-team").messages.count_tokens(
             model=SERVED_MODEL, messages=[{"role": "user", "content": "Hello"}]
         )
+    # x-api-key alone: the limited key is known (its 403), a wrong one is not (401), in Anthropic's shape.
+    message = {"model": SERVED_MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}
+
+    def with_x_api_key(key: str, route: str = "/v1/messages") -> requests.Response:
+        return HTTP.post(f"{stack.url}{route}", json=message, headers={"x-api-key": key}, timeout=10)
+
+    known = with_x_api_key(KEYS["sql-team"])
+    assert known.status_code == 403 and known.json()["error"]["type"] == "permission_error", known.text
+    unknown = with_x_api_key("sk-not-a-key-0123456789")
+    assert unknown.status_code == 401 and unknown.json() == errors.INVALID_API_KEY.payload("anthropic")
     # The OpenAI routes keep OpenAI's shape, whichever header carries the key.
-    answer = HTTP.post(
-        f"{stack.url}/v1/responses",
-        json={"model": SERVED_MODEL, "input": "Hello"},
-        headers={"x-api-key": "sk-not-a-key-0123456789"},
-        timeout=10,
-    )
+    answer = with_x_api_key("sk-not-a-key-0123456789", "/v1/responses")
     assert answer.status_code == 401 and answer.json() == errors.INVALID_API_KEY.payload()
 
 

@@ -8,6 +8,7 @@ are in tests/test_manifests.py, the command lines in test_engine_args.py and tes
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -167,3 +168,31 @@ def test_each_example_serves_its_checkpoint_on_its_pool(name: str) -> None:
     quantization, replicas = EXAMPLE_ENGINES[name]
     assert (args[args.index("--quantization") + 1] if "--quantization" in args else None) == quantization
     assert engine["spec"].get("replicas") == replicas
+
+
+# --- what the kubelet expands ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["everything", "scale-to-zero"])
+def test_every_variable_a_container_names_in_its_arguments_is_in_its_environment(case: str) -> None:
+    """The kubelet expands $(NAME) in args from the container's own env and leaves an unknown one as it
+    is: vllm-router would then send the literal text as the engine key (its --api-key, which the
+    Responses and Messages routes depend on). Each tier's key is optional, so present as a variable."""
+    objects = build_all(review(load(INPUTS / f"{case}.yaml")))
+    containers = [
+        c
+        for o in objects
+        if o["kind"] == "Deployment"
+        for c in [
+            *o["spec"]["template"]["spec"]["containers"],
+            *o["spec"]["template"]["spec"].get("initContainers", []),
+        ]
+    ]
+    named = 0
+    for c in containers:
+        env = {e["name"] for e in c.get("env", [])}
+        for arg in [*c.get("command", []), *c.get("args", [])]:
+            for variable in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", arg):
+                named += 1
+                assert variable in env, f"{c['name']}: $({variable}) without an env entry"
+    assert named >= 1  # the router's engine key at least

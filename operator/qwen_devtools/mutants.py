@@ -140,6 +140,38 @@ MUTANTS = (
         '"annotations": {},',
         ("tests/test_gateway_render.py",),
     ),
+    Mutant(
+        "anthropic-x-api-key",
+        "Anthropic's clients authenticate with x-api-key (the same keys as Authorization: Bearer)",
+        "operator/qwen_operator/gateway/templates/nginx.conf.j2",
+        '        "" "Bearer $http_x_api_key";\n',
+        '        "" "";\n',
+        ("tests/test_gateway_apis.py",),
+    ),
+    Mutant(
+        "anthropic-error-shape",
+        "the gateway's own errors on /v1/messages are Anthropic's, so the SDK raises its own classes",
+        "operator/qwen_operator/clientapis.py",
+        '    if api == "anthropic":\n',
+        "    if False:\n",
+        ("tests/test_gateway_apis.py",),
+    ),
+    Mutant(
+        "stored-responses-refused",
+        "a Responses request that needs a stored response is refused by name, never sent to an engine",
+        "operator/qwen_operator/gateway/templates/errors.js.j2",
+        "            return STORED_FIELDS[i];\n",
+        '            return "";\n',
+        ("tests/test_gateway_apis.py",),
+    ),
+    Mutant(
+        "router-engine-key",
+        "vllm-router has the engine key its --api-key names (the Responses and Messages routes need it)",
+        "operator/qwen_operator/manifests/gateway.py",
+        "            *_router_engine_key(review, tier),\n",
+        "",
+        ("tests/test_manifest_invariants.py",),
+    ),
 )
 
 

@@ -90,12 +90,14 @@ class Stack:
     gateway: GatewayStack
 
     def send(
-        self, key: str, body: dict[str, Any], headers: dict[str, str] | None = None
+        self,
+        key: str,
+        body: dict[str, Any],
+        headers: dict[str, str] | None = None,
+        route: str = "/v1/completions",
     ) -> requests.Response:
         sent = {"Authorization": f"Bearer {KEYS[key]}", "Content-Type": "application/json", **(headers or {})}
-        return HTTP.post(
-            f"{self.gateway.url}/v1/completions", data=json.dumps(body), headers=sent, timeout=30
-        )
+        return HTTP.post(f"{self.gateway.url}{route}", data=json.dumps(body), headers=sent, timeout=30)
 
     def counts(self) -> dict[str, float]:
         """Requests each engine set has answered, from its own metrics."""
@@ -276,6 +278,22 @@ def test_a_tier_without_ready_engines_gets_a_json_error(stack: Stack) -> None:
         assert answer.headers["Content-Type"] == "application/json"
         assert answer.json()["error"]["code"] == "no_engine_available", answer.text
         assert f"No engine replica of {model} is ready" in answer.json()["error"]["message"]
+
+
+def test_anthropic_messages_route_by_their_model_and_get_anthropic_errors(stack: Stack) -> None:
+    """/v1/messages names its model where a completion does: a tier's request goes to that tier (whose
+    refusals come in Anthropic's shape, the tier's name in the message), a limited key's other model is
+    refused, and nothing of it reaches an engine."""
+    message = {"max_tokens": 2, "messages": [{"role": "user", "content": SHORT_PROMPT}]}
+    missing = stack.send("admin", {**message, "model": MISSING}, route="/v1/messages")
+    assert missing.status_code == 503, missing.text
+    error = missing.json()
+    assert error["type"] == "error" and error["error"]["type"] == "overloaded_error", error
+    assert f"No engine replica of {MISSING} is ready" in error["error"]["message"]
+    before = stack.counts()
+    denied = stack.send("small-team", {**message, "model": MEDIUM}, route="/v1/messages")
+    assert denied.status_code == 403 and denied.json()["error"]["type"] == "permission_error", denied.text
+    assert stack.counts() == before, "a denied request reached an engine"
 
 
 @pytest.mark.parametrize(

@@ -25,13 +25,14 @@ import yaml
 from qwen_devtools.net import LOOPBACK, free_port, http_get
 from qwen_devtools.procs import running, spawn, wait_ready
 from qwen_devtools.realparts.exporters import nginx_exporter_bin, nginxlog_exporter_bin
-from qwen_devtools.realparts.gateway import loopback_wiring, write_secret_volume
+from qwen_devtools.realparts.gateway import kubelet_args, loopback_wiring, write_secret_volume
 from qwen_devtools.realparts.nginx import nginx_bin, nginx_check
 from qwen_devtools.vllm_env import vllm_router_bin
 from qwen_operator import gateway, names, versions
 from qwen_operator.api.review import Review, review
 from qwen_operator.api.spec import SpecError
 from qwen_operator.gateway import GATEWAY_METRICS_PORTS, Limits, config_files, router_args
+from qwen_operator.gateway.router import ENGINE_KEY_ENV
 from qwen_operator.manifests.exposure import build_client_service, build_routes
 from qwen_operator.manifests.gateway import GENERATED_KEY_ID, build_gateway, generated_api_keys_secret
 from support import EXAMPLES, KEDA_AT_ZERO, REPO, load
@@ -407,9 +408,10 @@ def test_without_an_engine_key_the_client_key_is_dropped(tmp_path: Path) -> None
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_vllm_router_accepts_the_rendered_command_line(example: Path, tmp_path: Path) -> None:
     """The pod's exact arguments (Kubernetes discovery included) with only the ports moved to free ones;
-    outside a cluster the router logs that discovery is unavailable and serves anyway."""
+    outside a cluster the router logs that discovery is unavailable and serves anyway. The engine key is
+    expanded as the kubelet does, with a key that begins with "-" (token_urlsafe's alphabet has it)."""
     rev = _review(example)
-    args = router_args(rev)
+    args = kubelet_args(router_args(rev), {ENGINE_KEY_ENV: "-Zk3_generated-engine-key"})
     port, metrics_port = free_port(), free_port()
     for flag, value in (("--port", port), ("--prometheus-port", metrics_port)):
         args[args.index(flag) + 1] = str(value)

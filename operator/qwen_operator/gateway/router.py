@@ -130,5 +130,7 @@ def _args(
         "--log-level", "info",
     ]  # fmt: skip
     if engine_key_env:
-        args += ["--api-key", f"$({engine_key_env})"]
+        # One argument with `=`: a key may begin with "-" (a generated one does, one time in 32), which
+        # argparse would take for an option after a separate --api-key.
+        args.append(f"--api-key=$({engine_key_env})")
     return args

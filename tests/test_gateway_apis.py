@@ -28,7 +28,7 @@ import requests
 
 from qwen_devtools.net import http_get, metric_sum
 from qwen_devtools.procs import spawn, wait_ready
-from qwen_devtools.realparts.engine import SERVED_MODEL, cpu_qwendeployment
+from qwen_devtools.realparts.engine import SERVED_MODEL, at_zero, cpu_qwendeployment
 from qwen_devtools.realparts.gateway import GatewayStack, start_gateway
 from qwen_devtools.realparts.nginx import nginx_bin
 from qwen_operator import recording
@@ -65,15 +65,7 @@ def _deployment() -> dict[str, Any]:
             {"name": "lora-sql", "source": {"huggingFace": {"repo": "my-org/lora-sql", "revision": revision}}}
         ],
     }
-    del body["spec"]["replicas"]
-    body["spec"]["autoscaling"] = {
-        "minReplicas": 0,
-        "maxReplicas": 1,
-        "driver": "keda",
-        "prometheusAddress": "http://127.0.0.1:9090",
-        "scaleToZero": {"holdSeconds": HOLD_SECONDS, "maxHeldRequests": 8},
-    }
-    return body
+    return at_zero(body, HOLD_SECONDS, max_held=8, max_replicas=1)
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ import requests
 
 from qwen_devtools.net import LOOPBACK, free_port, http_get, metric_sum
 from qwen_devtools.procs import Proc, spawn, temp_log_dir, wait_ready
-from qwen_devtools.realparts.engine import SERVED_MODEL, cpu_qwendeployment
+from qwen_devtools.realparts.engine import SERVED_MODEL, at_zero, cpu_qwendeployment
 from qwen_devtools.realparts.gateway import GatewayStack, start_gateway
 from qwen_devtools.realparts.sim import H100_32B, sim_argv
 from qwen_devtools.wait import wait_until
@@ -50,15 +50,7 @@ def _body(hold_seconds: int = 60, max_held: int = 16) -> dict[str, Any]:
             "requestTimeoutSeconds": 60,
         }
     )
-    del body["spec"]["replicas"]
-    body["spec"]["autoscaling"] = {
-        "minReplicas": 0,
-        "maxReplicas": 2,
-        "driver": "keda",
-        "prometheusAddress": "http://127.0.0.1:9090",
-        "scaleToZero": {"holdSeconds": hold_seconds, "maxHeldRequests": max_held},
-    }
-    return body
+    return at_zero(body, hold_seconds, max_held, max_replicas=2)
 
 
 @dataclass

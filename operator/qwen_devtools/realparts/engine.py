@@ -19,6 +19,20 @@ SERVED_MODEL = "Qwen/Qwen3-32B"
 ENGINE_START_SECONDS = 300.0  # 45-75 s alone on 2 cores; more when engines start side by side
 
 
+def at_zero(body: dict[str, Any], hold_seconds: int, max_held: int, max_replicas: int) -> dict[str, Any]:
+    """`body` scaled to zero by KEDA (autoscaling.minReplicas 0) in place of its fixed replicas, the
+    gateway holding at most `max_held` requests for `hold_seconds`; returns `body`."""
+    del body["spec"]["replicas"]
+    body["spec"]["autoscaling"] = {
+        "minReplicas": 0,
+        "maxReplicas": max_replicas,
+        "driver": "keda",
+        "prometheusAddress": "http://127.0.0.1:9090",
+        "scaleToZero": {"holdSeconds": hold_seconds, "maxHeldRequests": max_held},
+    }
+    return body
+
+
 def cpu_qwendeployment(
     engine: Mapping[str, Any] | None = None,
     gateway: Mapping[str, Any] | None = None,
